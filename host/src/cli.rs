@@ -1,0 +1,244 @@
+//! Command-line interface of the `capstan` binary.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use capstan::operator::{self, ControllerOptions, OperatorOptions, RegistryOptions};
+use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
+use capstan::render;
+
+/// Capstan: a Kubernetes operator host for sandboxed WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "capstan", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log filter, as in RUST_LOG (e.g. `info`, `capstan=debug`).
+    #[arg(long, global = true, env = "CAPSTAN_LOG", default_value = "warn")]
+    log: String,
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true)]
+    log_json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the operator: serve every plugin of a directory against a cluster.
+    Run(RunArgs),
+    /// Run one reconcile offline and print what would be applied, as YAML.
+    Render {
+        /// The plugin component (.wasm).
+        #[arg(long)]
+        plugin: PathBuf,
+        /// The parent object (YAML).
+        #[arg(long)]
+        parent: PathBuf,
+        /// Observed children (YAML, several documents or a List).
+        #[arg(long)]
+        observed: Option<PathBuf>,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Print what a plugin declares.
+    Inspect {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Print the CustomResourceDefinition a plugin ships, as YAML.
+    Crd {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+}
+
+/// Options of `capstan run`.
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Directory of plugin components (*.wasm), watched while running.
+    #[arg(long, env = "CAPSTAN_PLUGINS")]
+    plugins: PathBuf,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    /// Server-side apply each plugin's CRD when it is loaded.
+    #[arg(long)]
+    install_crds: bool,
+    /// Path to a kubeconfig (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use.
+    #[arg(long)]
+    context: Option<String>,
+    /// Address of the /metrics, /healthz, /readyz and /plugins endpoints.
+    #[arg(long, env = "CAPSTAN_METRICS_ADDR", default_value = "127.0.0.1:8080")]
+    metrics_addr: std::net::SocketAddr,
+    /// Reconcile unchanged parents this often when their plugin sets no period (seconds).
+    #[arg(long, default_value_t = 300)]
+    resync_seconds: u64,
+    /// How often to look for added, changed and removed plugin files (milliseconds).
+    #[arg(long, default_value_t = 1000)]
+    poll_interval_ms: u64,
+    /// Parents of one plugin reconciled at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: u16,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+/// Limits of the plugin sandbox.
+#[derive(Debug, Args)]
+struct SandboxArgs {
+    /// Wall-clock limit of one plugin call, in milliseconds.
+    #[arg(long, env = "CAPSTAN_PLUGIN_TIMEOUT_MS", default_value_t = 2000)]
+    plugin_timeout_ms: u64,
+    /// Memory limit of one plugin instance, in MiB.
+    #[arg(long, env = "CAPSTAN_PLUGIN_MEMORY_MIB", default_value_t = 64)]
+    plugin_memory_mib: usize,
+    /// Directory of the compiled-code cache (none: compile every time).
+    #[arg(long, env = "CAPSTAN_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+impl SandboxArgs {
+    fn sandbox(&self) -> Result<Sandbox> {
+        Sandbox::new(SandboxConfig {
+            deadline: Duration::from_millis(self.plugin_timeout_ms.max(1)),
+            memory_limit: self.plugin_memory_mib.max(1) << 20,
+            cache_dir: self.cache_dir.clone(),
+        })
+        .context("cannot set up the plugin sandbox")
+    }
+
+    fn load(&self, path: &Path) -> Result<Plugin> {
+        Ok(self.sandbox()?.load_file(path)?)
+    }
+}
+
+/// Sets up `tracing` as the command line asks.
+pub fn init_tracing(cli: &Cli) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if cli.log_json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run(args) => run_operator(args)?,
+        Command::Render {
+            plugin,
+            parent,
+            observed,
+            sandbox,
+        } => {
+            let plugin = sandbox.load(&plugin)?;
+            let observed = render::read_observed(plugin.info(), &parent, observed.as_deref())?;
+            let rendered = render::render(&plugin, &observed, &capstan::plan::now())?;
+            print!("{}", serde_yaml::to_string(&rendered)?);
+        }
+        Command::Inspect { plugin, sandbox } => {
+            let plugin = sandbox.load(&plugin)?;
+            let mut info = serde_json::to_value(plugin.info())?;
+            info["sha256"] = plugin.sha256().into();
+            info["crd"] = plugin.info().crd.is_some().into();
+            print!("{}", serde_yaml::to_string(&info)?);
+        }
+        Command::Crd { plugin, sandbox } => {
+            let plugin = sandbox.load(&plugin)?;
+            let Some(crd) = &plugin.info().crd else {
+                anyhow::bail!("plugin {} ships no CRD", plugin.info().name);
+            };
+            let crd: serde_json::Value = serde_json::from_str(crd)?;
+            print!("{}", serde_yaml::to_string(&crd)?);
+        }
+    }
+    Ok(())
+}
+
+fn run_operator(args: RunArgs) -> Result<()> {
+    let mut sandbox = args.sandbox;
+    if sandbox.cache_dir.is_none() {
+        sandbox.cache_dir =
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/capstan/compiled"));
+    }
+    let sandbox = sandbox.sandbox()?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let client = kube_client(args.kubeconfig.as_deref(), args.context.clone()).await?;
+        let opts = OperatorOptions {
+            registry: RegistryOptions {
+                dir: args.plugins,
+                poll_interval: Duration::from_millis(args.poll_interval_ms.max(50)),
+                install_crds: args.install_crds,
+                controller: ControllerOptions {
+                    namespace: args.namespace,
+                    default_resync: Duration::from_secs(args.resync_seconds.max(1)),
+                    concurrency: args.concurrency.max(1),
+                },
+            },
+            metrics_addr: args.metrics_addr,
+        };
+        operator::run(client, sandbox, opts, shutdown_signal()).await
+    })
+}
+
+async fn kube_client(kubeconfig: Option<&Path>, context: Option<String>) -> Result<kube::Client> {
+    let options = kube::config::KubeConfigOptions {
+        context,
+        ..Default::default()
+    };
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &options).await?
+        }
+        None if options.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration found (set KUBECONFIG or --kubeconfig)")?,
+    };
+    let client = kube::Client::try_from(config)?;
+    let version = client
+        .apiserver_version()
+        .await
+        .context("cannot reach the API server")?;
+    tracing::info!(version = %version.git_version, "connected to the API server");
+    Ok(client)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// An error chain as one line, without repeating itself.
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}

@@ -1,0 +1,219 @@
+//! Counters and timings of the operator, served as Prometheus text with the health
+//! and plugin-state endpoints on one small HTTP listener.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// The state of one plugin file, as `/plugins` reports it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginState {
+    /// The file.
+    pub file: String,
+    /// Plugin name (of the version serving, if any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Parent kind it reconciles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// sha256 of the version serving.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Whether a controller runs for it.
+    pub serving: bool,
+    /// Why the last load of this file failed, if it did (the old version may still serve).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Operator-wide counters.
+#[derive(Default)]
+pub struct Metrics {
+    counters: Mutex<BTreeMap<String, u64>>,
+    durations: Mutex<BTreeMap<String, (f64, u64)>>,
+    plugins: Mutex<BTreeMap<String, PluginState>>,
+    ready: AtomicBool,
+}
+
+impl Metrics {
+    fn add(&self, key: String) {
+        *self
+            .counters
+            .lock()
+            .expect("metrics lock")
+            .entry(key)
+            .or_default() += 1;
+    }
+
+    /// Counts one finished reconcile with its result (`ok` or a failure reason).
+    pub fn reconciled(&self, plugin: &str, result: &str) {
+        self.add(format!(
+            "capstan_reconciles_total{{plugin=\"{plugin}\",result=\"{result}\"}}"
+        ));
+    }
+
+    /// Counts one status write.
+    pub fn status_written(&self, plugin: &str) {
+        self.add(format!(
+            "capstan_status_writes_total{{plugin=\"{plugin}\"}}"
+        ));
+    }
+
+    /// Counts one failed plugin load.
+    pub fn load_failed(&self) {
+        self.add("capstan_plugin_load_failures_total".into());
+    }
+
+    /// Times a reconcile until the returned guard drops.
+    pub fn reconcile_timer<'a>(&'a self, plugin: &str) -> impl Drop + 'a {
+        ReconcileTimer {
+            metrics: self,
+            plugin: plugin.to_string(),
+            start: Instant::now(),
+        }
+    }
+
+    /// Records the state of a plugin file.
+    pub fn set_plugin(&self, state: PluginState) {
+        self.plugins
+            .lock()
+            .expect("metrics lock")
+            .insert(state.file.clone(), state);
+    }
+
+    /// Forgets a plugin file that was removed.
+    pub fn remove_plugin(&self, file: &str) {
+        self.plugins.lock().expect("metrics lock").remove(file);
+    }
+
+    /// Marks the operator ready (the plugin directory was scanned once).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str("# TYPE capstan_reconciles_total counter\n# TYPE capstan_status_writes_total counter\n# TYPE capstan_plugin_load_failures_total counter\n");
+        for (key, value) in self.counters.lock().expect("metrics lock").iter() {
+            let _ = writeln!(out, "{key} {value}");
+        }
+        out.push_str("# TYPE capstan_reconcile_duration_seconds summary\n");
+        for (plugin, (sum, count)) in self.durations.lock().expect("metrics lock").iter() {
+            let _ = writeln!(
+                out,
+                "capstan_reconcile_duration_seconds_sum{{plugin=\"{plugin}\"}} {sum}"
+            );
+            let _ = writeln!(
+                out,
+                "capstan_reconcile_duration_seconds_count{{plugin=\"{plugin}\"}} {count}"
+            );
+        }
+        let plugins = self.plugins.lock().expect("metrics lock");
+        out.push_str("# TYPE capstan_plugins_serving gauge\n");
+        let _ = writeln!(
+            out,
+            "capstan_plugins_serving {}",
+            plugins.values().filter(|p| p.serving).count()
+        );
+        out
+    }
+
+    fn plugins_json(&self) -> String {
+        let plugins = self.plugins.lock().expect("metrics lock");
+        serde_json::to_string(&plugins.values().collect::<Vec<_>>()).unwrap_or_else(|_| "[]".into())
+    }
+}
+
+struct ReconcileTimer<'a> {
+    metrics: &'a Metrics,
+    plugin: String,
+    start: Instant,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        let mut d = self.metrics.durations.lock().expect("metrics lock");
+        let entry = d.entry(std::mem::take(&mut self.plugin)).or_default();
+        entry.0 += self.start.elapsed().as_secs_f64();
+        entry.1 += 1;
+    }
+}
+
+/// Serves `/metrics`, `/healthz`, `/readyz` and `/plugins` until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n = match stream.read(&mut buf).await {
+                Ok(n) => n,
+                Err(_) => return,
+            };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let path = request.split_whitespace().nth(1).unwrap_or("/");
+            let (status, content_type, body) = match path {
+                "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
+                "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
+                "/readyz" if metrics.ready.load(Ordering::Relaxed) => {
+                    ("200 OK", "text/plain", "ok\n".into())
+                }
+                "/readyz" => (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "plugins not loaded yet\n".into(),
+                ),
+                "/plugins" => ("200 OK", "application/json", metrics.plugins_json()),
+                _ => ("404 Not Found", "text/plain", "not found\n".into()),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
+
+/// Binds the listener for [`serve`].
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_as_prometheus_text() {
+        let m = Metrics::default();
+        m.reconciled("uuid", "ok");
+        m.reconciled("uuid", "ok");
+        m.status_written("uuid");
+        drop(m.reconcile_timer("uuid"));
+        let text = m.render();
+        assert!(
+            text.contains("capstan_reconciles_total{plugin=\"uuid\",result=\"ok\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("capstan_status_writes_total{plugin=\"uuid\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("capstan_reconcile_duration_seconds_count{plugin=\"uuid\"} 1\n"),
+            "{text}"
+        );
+    }
+}

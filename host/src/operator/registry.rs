@@ -1,0 +1,283 @@
+//! The live plugin directory: every `*.wasm` file in it is loaded and gets a controller;
+//! files added, changed or removed while the host runs are picked up.
+//!
+//! The directory is polled (default every second) rather than watched with inotify:
+//! polling sees every kind of update, including the symlink swaps of a Kubernetes
+//! ConfigMap or volume mount, and costs one `stat` per file per interval. A file is
+//! re-read only when its size or modification time changes, and reloaded only when its
+//! sha256 does.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use tracing::{error, info, warn};
+
+use super::controller::{ControllerOptions, RunningController};
+use super::metrics::{Metrics, PluginState};
+use crate::plan::FIELD_MANAGER;
+use crate::plugin::{Plugin, Sandbox, sha256_hex};
+
+/// Options of the registry.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    /// The plugin directory.
+    pub dir: PathBuf,
+    /// How often to look at it.
+    pub poll_interval: Duration,
+    /// Server-side apply each plugin's CRD before starting its controller.
+    pub install_crds: bool,
+    /// Options for every controller.
+    pub controller: ControllerOptions,
+}
+
+/// The plugins the host serves, by file.
+pub struct PluginRegistry {
+    client: Client,
+    sandbox: Sandbox,
+    metrics: Arc<Metrics>,
+    opts: RegistryOptions,
+    files: BTreeMap<PathBuf, FileState>,
+}
+
+#[derive(Default)]
+struct FileState {
+    /// (size, mtime) when last read.
+    stamp: Option<(u64, SystemTime)>,
+    /// sha256 of the bytes last tried.
+    tried_sha: Option<String>,
+    /// The version serving, with its controller.
+    serving: Option<(Plugin, RunningController)>,
+    /// Why the last load failed.
+    error: Option<String>,
+}
+
+impl PluginRegistry {
+    /// An empty registry; [`PluginRegistry::run`] fills it.
+    pub fn new(
+        client: Client,
+        sandbox: Sandbox,
+        metrics: Arc<Metrics>,
+        opts: RegistryOptions,
+    ) -> Self {
+        PluginRegistry {
+            client,
+            sandbox,
+            metrics,
+            opts,
+            files: BTreeMap::new(),
+        }
+    }
+
+    /// Scans the directory now and at every poll interval until `stop` fires, then
+    /// stops every controller.
+    pub async fn run_until(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
+        loop {
+            self.scan().await;
+            self.metrics.set_ready();
+            tokio::select! {
+                _ = tokio::time::sleep(self.opts.poll_interval) => {}
+                _ = &mut stop => break,
+            }
+        }
+        self.shutdown().await;
+    }
+
+    /// Stops every controller.
+    async fn shutdown(self) {
+        for (_, state) in self.files {
+            if let Some((_, controller)) = state.serving {
+                controller.stop().await;
+            }
+        }
+    }
+
+    /// One pass over the directory.
+    pub async fn scan(&mut self) {
+        let present = match wasm_files(&self.opts.dir) {
+            Ok(files) => files,
+            Err(e) => {
+                warn!(dir = %self.opts.dir.display(), "cannot read the plugin directory: {e}");
+                return;
+            }
+        };
+        let gone: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter(|p| !present.contains_key(*p))
+            .cloned()
+            .collect();
+        for path in gone {
+            if let Some(state) = self.files.remove(&path) {
+                if let Some((plugin, controller)) = state.serving {
+                    controller.stop().await;
+                    info!(file = %path.display(), plugin = %plugin.info().name, "plugin file removed: controller stopped, its resources left alone");
+                }
+            }
+            self.metrics.remove_plugin(&path.display().to_string());
+        }
+        for (path, stamp) in present {
+            let state = self.files.entry(path.clone()).or_default();
+            if state.stamp == Some(stamp) {
+                continue;
+            }
+            state.stamp = Some(stamp);
+            self.consider(&path).await;
+        }
+    }
+
+    /// Loads a new or changed file and, if it is good, swaps it in.
+    async fn consider(&mut self, path: &Path) {
+        let bytes = match tokio::fs::read(path).await {
+            Ok(b) => b,
+            Err(e) => return self.failed(path, format!("cannot read {}: {e}", path.display())),
+        };
+        let sha = sha256_hex(&bytes);
+        let state = self.files.get_mut(path).expect("state exists");
+        if state.tried_sha.as_deref() == Some(sha.as_str()) {
+            return;
+        }
+        state.tried_sha = Some(sha);
+        let sandbox = self.sandbox.clone();
+        let owned_path = path.to_path_buf();
+        let loaded =
+            tokio::task::spawn_blocking(move || sandbox.load_bytes(&bytes, &owned_path)).await;
+        let plugin = match loaded {
+            Ok(Ok(plugin)) => plugin,
+            Ok(Err(e)) => return self.failed(path, e.to_string()),
+            Err(e) => {
+                return self.failed(
+                    path,
+                    format!("loading {} did not complete: {e}", path.display()),
+                );
+            }
+        };
+        if let Some(other) = self.claimant(&plugin, path) {
+            return self.failed(
+                path,
+                format!(
+                    "{} and {} both reconcile {}: keeping {}, refusing {}",
+                    other.display(),
+                    path.display(),
+                    plugin.info().parent,
+                    other.display(),
+                    path.display()
+                ),
+            );
+        }
+        if self.opts.install_crds {
+            if let Err(e) = install_crd(&self.client, &plugin).await {
+                return self.failed(
+                    path,
+                    format!("{}: cannot install the CRD: {e}", path.display()),
+                );
+            }
+        }
+        let state = self.files.get_mut(path).expect("state exists");
+        if let Some((old, controller)) = state.serving.take() {
+            controller.stop().await;
+            info!(file = %path.display(), old = %old.sha256(), new = %plugin.sha256(), "plugin replaced");
+        } else {
+            info!(file = %path.display(), plugin = %plugin.info().name, kind = %plugin.info().parent, "plugin loaded");
+        }
+        let controller = RunningController::start(
+            self.client.clone(),
+            plugin.clone(),
+            self.metrics.clone(),
+            &self.opts.controller,
+        );
+        state.error = None;
+        self.metrics.set_plugin(PluginState {
+            file: path.display().to_string(),
+            name: Some(plugin.info().name.clone()),
+            kind: Some(plugin.info().parent.to_string()),
+            sha256: Some(plugin.sha256().to_string()),
+            serving: true,
+            error: None,
+        });
+        state.serving = Some((plugin, controller));
+    }
+
+    /// Another file whose serving plugin reconciles the same parent kind.
+    fn claimant(&self, plugin: &Plugin, path: &Path) -> Option<PathBuf> {
+        self.files.iter().find_map(|(p, s)| {
+            let (other, _) = s.serving.as_ref()?;
+            (p != path && other.info().parent == plugin.info().parent).then(|| p.clone())
+        })
+    }
+
+    /// Records a failed load; whatever version was serving keeps serving.
+    fn failed(&mut self, path: &Path, message: String) {
+        error!(file = %path.display(), "plugin not loaded: {message}");
+        self.metrics.load_failed();
+        let state = self.files.entry(path.to_path_buf()).or_default();
+        state.error = Some(message.clone());
+        let serving = state.serving.as_ref().map(|(p, _)| p);
+        self.metrics.set_plugin(PluginState {
+            file: path.display().to_string(),
+            name: serving.map(|p| p.info().name.clone()),
+            kind: serving.map(|p| p.info().parent.to_string()),
+            sha256: serving.map(|p| p.sha256().to_string()),
+            serving: serving.is_some(),
+            error: Some(message),
+        });
+    }
+}
+
+/// `*.wasm` files in `dir` with their (size, mtime), sorted by name so that the first
+/// file claiming a kind wins deterministically.
+fn wasm_files(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime)>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "wasm") {
+            // Follow symlinks: mounted volumes swap them.
+            if let Ok(meta) = std::fs::metadata(&path) {
+                if meta.is_file() {
+                    out.insert(
+                        path,
+                        (
+                            meta.len(),
+                            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Applies the plugin's CRD and waits until the API server serves it.
+async fn install_crd(client: &Client, plugin: &Plugin) -> anyhow::Result<()> {
+    let Some(crd) = &plugin.info().crd else {
+        anyhow::bail!("plugin {} ships no CRD", plugin.info().name);
+    };
+    let crd: serde_json::Value = serde_json::from_str(crd)?;
+    let name = crd
+        .pointer("/metadata/name")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    let established = kube::runtime::wait::await_condition(
+        api,
+        &name,
+        kube::runtime::wait::conditions::is_crd_established(),
+    );
+    tokio::time::timeout(Duration::from_secs(30), established)
+        .await
+        .map_err(|_| anyhow::anyhow!("CRD {name} not established after 30s"))??;
+    info!(crd = %name, "CRD installed");
+    Ok(())
+}

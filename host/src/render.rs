@@ -1,0 +1,205 @@
+//! `capstan render`: one reconcile offline, through the same code as `capstan run` up to
+//! the apply. For plugin authors and tests.
+
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::contract::{Observed, ObservedChild, PluginError, PluginInfo};
+use crate::plan::{self, Plan};
+use crate::plugin::{CallError, Plugin};
+use crate::validate::Violation;
+
+/// Why a render did not produce a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// An input file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// An input file is not valid YAML, or not the objects expected.
+    #[error("{path}: {reason}")]
+    Input {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The plugin could not be called to the end.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The plugin reported an error.
+    #[error("reconcile failed: {0}")]
+    Plugin(PluginError),
+    /// The plugin's output was refused.
+    #[error("plugin output refused: {0}")]
+    Violation(#[from] Violation),
+}
+
+/// What `capstan render` prints.
+#[derive(Debug, Serialize)]
+pub struct Rendered {
+    /// The plan, as `capstan run` would apply it.
+    #[serde(flatten)]
+    pub plan: Plan,
+}
+
+/// Reads the parent and the observed children from YAML files.
+pub fn read_observed(
+    info: &PluginInfo,
+    parent_path: &Path,
+    observed_path: Option<&Path>,
+) -> Result<Observed, RenderError> {
+    let mut parents = read_objects(parent_path)?;
+    let name = parent_path.display().to_string();
+    if parents.len() != 1 {
+        return Err(RenderError::Input {
+            path: name,
+            reason: format!("expected exactly one object, found {}", parents.len()),
+        });
+    }
+    let mut parent = parents.remove(0);
+    let (api_version, kind) = type_of(&parent);
+    if !info.parent.matches(&api_version, &kind) {
+        return Err(RenderError::Input {
+            path: name,
+            reason: format!(
+                "is a {kind}.{api_version}, but plugin {} reconciles {}",
+                info.name, info.parent
+            ),
+        });
+    }
+    fill_server_fields(&mut parent);
+    let mut children = Vec::new();
+    if let Some(path) = observed_path {
+        for object in read_objects(path)? {
+            let (api_version, kind) = type_of(&object);
+            let Some(index) = info
+                .children
+                .iter()
+                .position(|k| k.matches(&api_version, &kind))
+            else {
+                return Err(RenderError::Input {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "{kind}.{api_version} is not a child kind of plugin {}",
+                        info.name
+                    ),
+                });
+            };
+            children.push(ObservedChild {
+                kind_index: index as u32,
+                object,
+            });
+        }
+    }
+    Ok(Observed { parent, children })
+}
+
+/// Calls the plugin and plans the result, as `capstan run` does before applying.
+pub fn render(plugin: &Plugin, observed: &Observed, now: &str) -> Result<Rendered, RenderError> {
+    let desired = plugin.reconcile(observed)?.map_err(RenderError::Plugin)?;
+    let plan = plan::plan(plugin.info(), &observed.parent, desired, now)?;
+    Ok(Rendered { plan })
+}
+
+/// A parent read from a file lacks what the API server would set; fill in stand-ins so
+/// that rendering works on a sample manifest.
+fn fill_server_fields(parent: &mut Value) {
+    let Some(obj) = parent.as_object_mut() else {
+        return;
+    };
+    let meta = obj.entry("metadata").or_insert_with(|| json!({}));
+    if let Some(meta) = meta.as_object_mut() {
+        meta.entry("namespace").or_insert_with(|| json!("default"));
+        meta.entry("uid")
+            .or_insert_with(|| json!("00000000-0000-0000-0000-000000000000"));
+        meta.entry("generation").or_insert_with(|| json!(1));
+    }
+}
+
+fn type_of(object: &Value) -> (String, String) {
+    let field = |k: &str| {
+        object
+            .get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (field("apiVersion"), field("kind"))
+}
+
+/// Reads every YAML document of a file; a `List` contributes its items.
+pub fn read_objects(path: &Path) -> Result<Vec<Value>, RenderError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| RenderError::Read {
+        path: name.clone(),
+        source,
+    })?;
+    parse_objects(&text).map_err(|reason| RenderError::Input { path: name, reason })
+}
+
+/// Parses a multi-document YAML text into JSON objects.
+pub fn parse_objects(text: &str) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let value: Value =
+            serde::Deserialize::deserialize(doc).map_err(|e| format!("invalid YAML: {e}"))?;
+        match value {
+            Value::Null => continue,
+            Value::Object(ref o) if o.get("kind").and_then(Value::as_str) == Some("List") => {
+                let items = o
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                out.extend(items);
+            }
+            Value::Object(_) => out.push(value),
+            other => return Err(format!("expected Kubernetes objects, found {other}")),
+        }
+    }
+    for o in &out {
+        if o.get("apiVersion").and_then(Value::as_str).is_none()
+            || o.get("kind").and_then(Value::as_str).is_none()
+        {
+            return Err("every object needs apiVersion and kind".into());
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_documents_and_lists() {
+        let objs = parse_objects(
+            "apiVersion: v1\nkind: ConfigMap\n---\n---\napiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Secret}\n",
+        )
+        .unwrap();
+        assert_eq!(objs.len(), 2);
+        assert_eq!(objs[1]["kind"], "Secret");
+    }
+
+    #[test]
+    fn malformed_yaml_is_one_clear_error() {
+        let err = parse_objects("kind: [unclosed").unwrap_err();
+        assert!(err.starts_with("invalid YAML:"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        assert_eq!(
+            parse_objects("- 1\n- 2").unwrap_err(),
+            "expected Kubernetes objects, found [1,2]"
+        );
+        assert_eq!(
+            parse_objects("metadata: {}").unwrap_err(),
+            "every object needs apiVersion and kind"
+        );
+    }
+}

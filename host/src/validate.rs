@@ -1,0 +1,527 @@
+//! Checks on what plugins declare and return, before anything touches the cluster.
+//!
+//! A violation is the plugin's bug: nothing is applied, and the parent gets a condition
+//! and a Warning event that say what was wrong.
+
+use serde_json::Value;
+
+use crate::contract::{Condition, KindRef, PluginInfo};
+
+/// Largest child manifest accepted, in bytes of JSON (etcd refuses objects above ~1.5 MiB).
+pub const MAX_CHILD_BYTES: usize = 1 << 20;
+/// Largest number of children one parent may have.
+pub const MAX_CHILDREN: usize = 256;
+/// Largest status object accepted, in bytes of JSON.
+pub const MAX_STATUS_BYTES: usize = 256 << 10;
+
+/// Something a plugin declared or returned that the host refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    /// `describe` returned something unusable.
+    #[error("{0}")]
+    Info(String),
+    /// A desired child is not a JSON object with `apiVersion`, `kind` and `metadata.name`.
+    #[error("child #{index}: {reason}")]
+    Malformed {
+        /// Position in the plugin's list.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A desired child has a kind the plugin did not declare.
+    #[error("child {kind} {name:?} is of a kind the plugin did not declare (declared: {declared})")]
+    UndeclaredKind {
+        /// `kind.apiVersion` of the child.
+        kind: String,
+        /// Its name.
+        name: String,
+        /// The declared kinds.
+        declared: String,
+    },
+    /// A desired child names a namespace other than the parent's.
+    #[error(
+        "child {kind} {name:?} is in namespace {namespace:?}, but children must live in the parent's namespace {parent_namespace:?}"
+    )]
+    ForeignNamespace {
+        /// Kind of the child.
+        kind: String,
+        /// Its name.
+        name: String,
+        /// The namespace it asked for.
+        namespace: String,
+        /// The parent's.
+        parent_namespace: String,
+    },
+    /// A name is not a valid Kubernetes object name.
+    #[error("child {kind} has an invalid name {name:?}: {reason}")]
+    InvalidName {
+        /// Kind of the child.
+        kind: String,
+        /// The name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// A desired child carries an ownerReference to something other than the parent.
+    #[error("child {kind} {name:?} has an ownerReference to {owner}, not to the parent")]
+    ForeignOwner {
+        /// Kind of the child.
+        kind: String,
+        /// Its name.
+        name: String,
+        /// The owner it named.
+        owner: String,
+    },
+    /// Two desired children have the same kind and name.
+    #[error("child {kind} {name:?} is desired twice")]
+    Duplicate {
+        /// Kind of the child.
+        kind: String,
+        /// Its name.
+        name: String,
+    },
+    /// Something is larger than the host accepts.
+    #[error("{what} is {size} bytes or items, over the limit of {limit}")]
+    TooLarge {
+        /// What.
+        what: String,
+        /// How large it is.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The status is not a JSON object.
+    #[error("status must be a JSON object: {0}")]
+    Status(String),
+    /// A condition is malformed.
+    #[error("condition {type_:?}: {reason}")]
+    Condition {
+        /// Its type.
+        type_: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Checks a plugin's declaration.
+pub fn plugin_info(info: &PluginInfo) -> Result<(), Violation> {
+    let bad = |m: String| Err(Violation::Info(m));
+    if info.name.is_empty()
+        || info.name.len() > 63
+        || !info
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return bad(format!(
+            "plugin name {:?} must be 1-63 lower-case letters, digits or '-'",
+            info.name
+        ));
+    }
+    kind_ref(&info.parent).map_err(|m| Violation::Info(format!("parent kind: {m}")))?;
+    for child in &info.children {
+        kind_ref(child).map_err(|m| Violation::Info(format!("child kind {}: {m}", child.kind)))?;
+        if info.parent.namespaced && !child.namespaced {
+            return bad(format!(
+                "child kind {child} is cluster-scoped; a namespaced parent can only own namespaced children"
+            ));
+        }
+    }
+    if let Some(crd) = &info.crd {
+        let crd: Value = serde_json::from_str(crd)
+            .map_err(|e| Violation::Info(format!("the embedded CRD is not valid JSON: {e}")))?;
+        let expected = format!("{}.{}", info.parent.plural, info.parent.group);
+        if crd.pointer("/metadata/name").and_then(Value::as_str) != Some(expected.as_str()) {
+            return bad(format!("the embedded CRD must be named {expected:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn kind_ref(k: &KindRef) -> Result<(), String> {
+    if k.kind.is_empty() || !k.kind.starts_with(|c: char| c.is_ascii_uppercase()) {
+        return Err(format!("kind {:?} must be CamelCase", k.kind));
+    }
+    if k.version.is_empty() || k.plural.is_empty() {
+        return Err("version and plural are required".into());
+    }
+    if k.plural != k.plural.to_ascii_lowercase() {
+        return Err(format!("plural {:?} must be lower-case", k.plural));
+    }
+    Ok(())
+}
+
+/// Whether `name` is a valid DNS subdomain (RFC 1123), the rule for most object names.
+pub fn dns_subdomain(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 253 {
+        return Err("must be 1 to 253 characters".into());
+    }
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    let alnum = |c: Option<u8>| c.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if !ok_chars || !alnum(name.bytes().next()) || !alnum(name.bytes().last()) {
+        return Err(
+            "must consist of lower-case letters, digits, '-' or '.', and start and end with a letter or digit"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// A desired child that passed validation, with the declared kind it belongs to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidChild {
+    /// Index of its kind in [`PluginInfo::children`].
+    pub kind_index: usize,
+    /// Its name.
+    pub name: String,
+    /// The manifest as the plugin returned it.
+    pub manifest: Value,
+}
+
+/// Parses and checks the children a plugin returned for `parent`.
+pub fn children(
+    info: &PluginInfo,
+    parent: &Value,
+    raw: &[String],
+) -> Result<Vec<ValidChild>, Violation> {
+    if raw.len() > MAX_CHILDREN {
+        return Err(Violation::TooLarge {
+            what: "the list of children".into(),
+            size: raw.len(),
+            limit: MAX_CHILDREN,
+        });
+    }
+    let parent_ns = parent
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let parent_uid = parent.pointer("/metadata/uid").and_then(Value::as_str);
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(raw.len());
+    for (index, text) in raw.iter().enumerate() {
+        if text.len() > MAX_CHILD_BYTES {
+            return Err(Violation::TooLarge {
+                what: format!("child #{index}"),
+                size: text.len(),
+                limit: MAX_CHILD_BYTES,
+            });
+        }
+        let malformed = |reason: String| Violation::Malformed { index, reason };
+        let manifest: Value =
+            serde_json::from_str(text).map_err(|e| malformed(format!("not valid JSON: {e}")))?;
+        let field = |p: &str| manifest.pointer(p).and_then(Value::as_str);
+        let (Some(api_version), Some(kind)) = (field("/apiVersion"), field("/kind")) else {
+            return Err(malformed("apiVersion and kind are required".into()));
+        };
+        let kind_label = format!("{kind}.{api_version}");
+        let Some(name) = field("/metadata/name") else {
+            return Err(malformed(format!(
+                "{kind_label}: metadata.name is required"
+            )));
+        };
+        let Some(kind_index) = info
+            .children
+            .iter()
+            .position(|k| k.matches(api_version, kind))
+        else {
+            return Err(Violation::UndeclaredKind {
+                kind: kind_label,
+                name: name.into(),
+                declared: declared(info),
+            });
+        };
+        dns_subdomain(name).map_err(|reason| Violation::InvalidName {
+            kind: kind_label.clone(),
+            name: name.into(),
+            reason,
+        })?;
+        if let Some(ns) = field("/metadata/namespace")
+            && !ns.is_empty()
+            && ns != parent_ns
+        {
+            return Err(Violation::ForeignNamespace {
+                kind: kind_label,
+                name: name.into(),
+                namespace: ns.into(),
+                parent_namespace: parent_ns.into(),
+            });
+        }
+        if let Some(owners) = manifest
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+        {
+            for owner in owners {
+                if owner.get("uid").and_then(Value::as_str) != parent_uid {
+                    return Err(Violation::ForeignOwner {
+                        kind: kind_label,
+                        name: name.into(),
+                        owner: format!(
+                            "{} {}",
+                            owner.get("kind").and_then(Value::as_str).unwrap_or("?"),
+                            owner.get("name").and_then(Value::as_str).unwrap_or("?")
+                        ),
+                    });
+                }
+            }
+        }
+        if !seen.insert((kind_index, name.to_string())) {
+            return Err(Violation::Duplicate {
+                kind: kind_label,
+                name: name.into(),
+            });
+        }
+        out.push(ValidChild {
+            kind_index,
+            name: name.into(),
+            manifest,
+        });
+    }
+    Ok(out)
+}
+
+/// Parses and checks the status object a plugin returned.
+pub fn status(raw: Option<&str>) -> Result<Option<serde_json::Map<String, Value>>, Violation> {
+    let Some(text) = raw else { return Ok(None) };
+    if text.len() > MAX_STATUS_BYTES {
+        return Err(Violation::TooLarge {
+            what: "status".into(),
+            size: text.len(),
+            limit: MAX_STATUS_BYTES,
+        });
+    }
+    match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => Ok(Some(map)),
+        Ok(other) => Err(Violation::Status(format!("got {}", type_name(&other)))),
+        Err(e) => Err(Violation::Status(format!("not valid JSON: {e}"))),
+    }
+}
+
+/// Checks the conditions a plugin returned.
+pub fn conditions(conditions: &[Condition]) -> Result<(), Violation> {
+    for c in conditions {
+        let bad = |reason: &str| Violation::Condition {
+            type_: c.type_.clone(),
+            reason: reason.into(),
+        };
+        if c.type_.is_empty()
+            || c.type_.len() > 316
+            || !c.type_.starts_with(|ch: char| ch.is_ascii_alphabetic())
+        {
+            return Err(bad(
+                "type must start with a letter and be at most 316 characters",
+            ));
+        }
+        if !is_reason(&c.reason) {
+            return Err(bad(
+                "reason must be CamelCase: a letter, then letters, digits, '_', ',' or ':'",
+            ));
+        }
+        if c.message.len() > 32768 {
+            return Err(bad("message is over 32768 bytes"));
+        }
+    }
+    Ok(())
+}
+
+/// The rule of `metav1.Condition.reason`.
+pub fn is_reason(reason: &str) -> bool {
+    !reason.is_empty()
+        && reason.len() <= 1024
+        && reason.starts_with(|c: char| c.is_ascii_alphabetic())
+        && reason
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b',' || b == b':')
+        && !reason.ends_with([',', ':'])
+}
+
+fn declared(info: &PluginInfo) -> String {
+    if info.children.is_empty() {
+        return "none".into();
+    }
+    info.children
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn info() -> PluginInfo {
+        let k = |group: &str, kind: &str, plural: &str| KindRef {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced: true,
+        };
+        PluginInfo {
+            name: "widget".into(),
+            version: "0.1.0".into(),
+            parent: k("test.capstan.dev", "Widget", "widgets"),
+            children: vec![
+                k("", "ConfigMap", "configmaps"),
+                k("apps", "StatefulSet", "statefulsets"),
+            ],
+            finalizer: false,
+            resync_seconds: None,
+            crd: None,
+        }
+    }
+
+    fn parent() -> Value {
+        json!({"metadata": {"name": "w", "namespace": "ns1", "uid": "u-1"}})
+    }
+
+    fn child(v: Value) -> String {
+        v.to_string()
+    }
+
+    #[test]
+    fn accepts_declared_children_in_the_parent_namespace() {
+        let raw = vec![
+            child(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}})),
+            child(
+                json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "a", "namespace": "ns1"}}),
+            ),
+        ];
+        let out = children(&info(), &parent(), &raw).unwrap();
+        assert_eq!(
+            out.iter().map(|c| c.kind_index).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+    }
+
+    #[test]
+    fn refuses_undeclared_kinds_naming_what_was_declared() {
+        let raw = vec![child(
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}),
+        )];
+        let err = children(&info(), &parent(), &raw).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "child Secret.v1 \"s\" is of a kind the plugin did not declare (declared: ConfigMap.v1, StatefulSet.apps/v1)"
+        );
+    }
+
+    #[test]
+    fn refuses_other_namespaces_bad_names_foreign_owners_and_duplicates() {
+        let cases = [
+            (
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "kube-system"}}),
+                "namespace \"kube-system\"",
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Bad_Name"}}),
+                "invalid name",
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "ownerReferences": [{"kind": "Pod", "name": "p", "uid": "other"}]}}),
+                "ownerReference to Pod p",
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "ConfigMap"}),
+                "metadata.name is required",
+            ),
+            (
+                json!(["not", "an", "object"]),
+                "apiVersion and kind are required",
+            ),
+        ];
+        for (manifest, expected) in cases {
+            let err = children(&info(), &parent(), &[child(manifest)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected),
+                "{err:?} should contain {expected:?}"
+            );
+        }
+        let twice =
+            child(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}));
+        let err = children(&info(), &parent(), &[twice.clone(), twice]).unwrap_err();
+        assert!(matches!(err, Violation::Duplicate { .. }));
+        let err = children(&info(), &parent(), &["{not json".to_string()]).unwrap_err();
+        assert!(
+            err.to_string().starts_with("child #0: not valid JSON"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn size_limits_are_enforced() {
+        let big = child(
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"x": "y".repeat(MAX_CHILD_BYTES)}}),
+        );
+        assert!(matches!(
+            children(&info(), &parent(), &[big]),
+            Err(Violation::TooLarge { .. })
+        ));
+        let many = vec![child(json!({})); MAX_CHILDREN + 1];
+        assert!(matches!(
+            children(&info(), &parent(), &many),
+            Err(Violation::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn status_must_be_an_object() {
+        assert_eq!(status(None).unwrap(), None);
+        assert!(status(Some(r#"{"state":"Ok"}"#)).unwrap().is_some());
+        assert_eq!(
+            status(Some("[1]")).unwrap_err().to_string(),
+            "status must be a JSON object: got an array"
+        );
+    }
+
+    #[test]
+    fn names_and_reasons_follow_kubernetes_rules() {
+        assert!(dns_subdomain("pg-0.example").is_ok());
+        for bad in ["", "-a", "a-", "A", "a_b", &"a".repeat(254)] {
+            assert!(dns_subdomain(bad).is_err(), "{bad:?}");
+        }
+        assert!(is_reason("MajorVersionChange"));
+        assert!(!is_reason("has space"));
+        assert!(!is_reason("1Starts"));
+    }
+
+    #[test]
+    fn plugin_info_is_checked() {
+        assert!(plugin_info(&info()).is_ok());
+        let mut bad = info();
+        bad.name = "Not Valid".into();
+        assert!(plugin_info(&bad).is_err());
+        let mut cluster_child = info();
+        cluster_child.children[0].namespaced = false;
+        assert!(
+            plugin_info(&cluster_child)
+                .unwrap_err()
+                .to_string()
+                .contains("cluster-scoped")
+        );
+        let mut crd = info();
+        crd.crd = Some(r#"{"metadata":{"name":"other.example.com"}}"#.into());
+        assert!(
+            plugin_info(&crd)
+                .unwrap_err()
+                .to_string()
+                .contains("widgets.test.capstan.dev")
+        );
+    }
+}

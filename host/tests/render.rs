@@ -1,0 +1,419 @@
+//! The render path with the real plugins: `capstan render` as plugin authors use it, and
+//! every bad input giving one clear error line.
+
+mod common;
+
+use std::time::Duration;
+
+use capstan::contract::Observed;
+use capstan::plugin::{CallError, Sandbox, SandboxConfig};
+use capstan::render;
+use common::{assert_golden, capstan, is_uuid, mask, plugin, root, test_plugin};
+use serde_json::{Value, json};
+
+fn sandbox() -> Sandbox {
+    Sandbox::new(SandboxConfig {
+        deadline: Duration::from_millis(500),
+        memory_limit: 32 << 20,
+        cache_dir: None,
+    })
+    .unwrap()
+}
+
+fn render_uuid(status: Value) -> Value {
+    let plugin = sandbox().load_file(&plugin("uuid")).unwrap();
+    let parent = json!({
+        "apiVersion": "demo.operator/v1", "kind": "Uuid",
+        "metadata": {"name": "u", "namespace": "default", "uid": "uid-1", "generation": 1},
+        "status": status,
+    });
+    let rendered = render::render(
+        &plugin,
+        &Observed {
+            parent,
+            children: vec![],
+        },
+        "2026-01-01T00:00:00Z",
+    )
+    .unwrap();
+    serde_json::to_value(&rendered).unwrap()
+}
+
+#[test]
+fn fresh_uuid_gets_a_v4_uuid_and_state_ok() {
+    let out = render_uuid(Value::Null);
+    let uuid = out["status"]["uuid"].as_str().unwrap();
+    assert!(is_uuid(uuid), "{uuid}");
+    assert_eq!(&uuid[14..15], "4", "version nibble of {uuid}");
+    assert!(
+        matches!(&uuid[19..20], "8" | "9" | "a" | "b"),
+        "variant of {uuid}"
+    );
+    assert_eq!(out["status"]["state"], "Ok");
+    assert_eq!(out["status"]["observedGeneration"], 1);
+    assert_eq!(out["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(out["status"]["conditions"][0]["status"], "True");
+    assert_eq!(out["children"], json!([]));
+}
+
+#[test]
+fn rendering_with_the_status_observed_keeps_the_uuid() {
+    let first = render_uuid(Value::Null);
+    let second = render_uuid(first["status"].clone());
+    assert_eq!(second["status"]["uuid"], first["status"]["uuid"]);
+    // Unchanged status means no write: the host compares exactly this value.
+    assert_eq!(second["status"], first["status"]);
+    let third = render_uuid(Value::Null);
+    assert_ne!(
+        third["status"]["uuid"], first["status"]["uuid"],
+        "each new Uuid gets its own"
+    );
+}
+
+#[test]
+fn cli_render_of_the_sample_matches_the_golden_file() {
+    let out = capstan(&[
+        "render",
+        "--plugin",
+        plugin("uuid").to_str().unwrap(),
+        "--parent",
+        root().join("crds/samples/uuid.yaml").to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut value: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    assert!(is_uuid(value["status"]["uuid"].as_str().unwrap()));
+    mask(&mut value);
+    assert_golden("uuid-sample", &serde_yaml::to_string(&value).unwrap());
+}
+
+#[test]
+fn widget_children_are_decorated_by_the_host() {
+    let p = sandbox().load_file(&test_plugin("widget")).unwrap();
+    let parent = json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+        "metadata": {"name": "w", "namespace": "team-a", "uid": "uid-w", "generation": 4},
+        "spec": {"count": 2, "service": true, "message": "hi"}});
+    let rendered = render::render(
+        &p,
+        &Observed {
+            parent,
+            children: vec![],
+        },
+        "2026-01-01T00:00:00Z",
+    )
+    .unwrap();
+    let value = serde_json::to_value(&rendered).unwrap();
+    assert_golden("widget-count-2", &serde_yaml::to_string(&value).unwrap());
+}
+
+#[test]
+fn inspect_and_crd_print_what_the_plugin_declares() {
+    let out = capstan(&["inspect", plugin("uuid").to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["name"], "uuid");
+    assert_eq!(info["parent"]["group"], "demo.operator");
+    assert_eq!(info["parent"]["plural"], "uuid");
+    assert_eq!(info["crd"], true);
+    assert_eq!(info["sha256"].as_str().unwrap().len(), 64);
+
+    let out = capstan(&["crd", plugin("uuid").to_str().unwrap()]);
+    assert!(out.status.success());
+    let printed: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    let shipped: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(root().join("crds/uuid.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(
+        printed, shipped,
+        "the CRD the plugin ships must be crds/uuid.yaml"
+    );
+}
+
+#[test]
+fn a_plugin_built_with_cargo_component_renders_too() {
+    let path = std::env::var_os("CAPSTAN_COMPONENT_PLUGIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root().join("target/wasm32-wasip1/release/capstan_plugin_uuid.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo xtask test` (it builds it with cargo component)",
+        path.display()
+    );
+    let plugin = sandbox().load_file(&path).unwrap();
+    let parent = json!({"apiVersion": "demo.operator/v1", "kind": "Uuid",
+        "metadata": {"name": "u", "namespace": "default", "uid": "x", "generation": 1}});
+    let rendered = render::render(
+        &plugin,
+        &Observed {
+            parent,
+            children: vec![],
+        },
+        "t",
+    )
+    .unwrap();
+    let status = &serde_json::to_value(&rendered).unwrap()["status"];
+    assert!(is_uuid(status["uuid"].as_str().unwrap()));
+}
+
+/// Runs `capstan` and checks that it failed with exactly one line containing `expected`.
+fn assert_fails_with(args: &[&str], expected: &str) {
+    let out = capstan(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "exit code for {args:?}; stderr: {stderr}"
+    );
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "one line for {args:?}, got:\n{stderr}"
+    );
+    assert!(stderr.starts_with("capstan: "), "{stderr}");
+    assert!(
+        stderr.contains(expected),
+        "{stderr:?} should contain {expected:?}"
+    );
+    for noise in [
+        "backtrace",
+        "RUST_BACKTRACE",
+        "panicked at",
+        "wasm function",
+        "0x",
+    ] {
+        assert!(!stderr.contains(noise), "{stderr:?} contains {noise:?}");
+    }
+    assert!(out.stdout.is_empty(), "nothing on stdout for a failure");
+}
+
+fn widget_parent(dir: &tempfile::TempDir, mode: &str) -> String {
+    let path = dir.path().join(format!("{mode}.yaml"));
+    std::fs::write(
+        &path,
+        format!("apiVersion: test.capstan.dev/v1\nkind: Widget\nmetadata:\n  name: w\nspec:\n  mode: {mode}\n"),
+    )
+    .unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn bad_files_give_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = root().join("crds/samples/uuid.yaml");
+    let sample = sample.to_str().unwrap();
+
+    assert_fails_with(
+        &[
+            "render",
+            "--plugin",
+            "/nonexistent/p.wasm",
+            "--parent",
+            sample,
+        ],
+        "cannot read /nonexistent/p.wasm",
+    );
+
+    let text = dir.path().join("text.wasm");
+    std::fs::write(&text, "apiVersion: v1\n").unwrap();
+    assert_fails_with(
+        &["inspect", text.to_str().unwrap()],
+        "is not a WebAssembly component: not a WebAssembly binary",
+    );
+
+    let module = dir.path().join("module.wasm");
+    std::fs::write(&module, b"\0asm\x01\0\0\0").unwrap();
+    assert_fails_with(
+        &["inspect", module.to_str().unwrap()],
+        "it is a core wasm module",
+    );
+
+    let uuid = plugin("uuid");
+    let uuid = uuid.to_str().unwrap();
+    assert_fails_with(
+        &[
+            "render",
+            "--plugin",
+            uuid,
+            "--parent",
+            "/nonexistent/cr.yaml",
+        ],
+        "cannot read /nonexistent/cr.yaml",
+    );
+
+    let bad_yaml = dir.path().join("bad.yaml");
+    std::fs::write(&bad_yaml, "apiVersion: demo.operator/v1\nkind: [Uuid\n").unwrap();
+    assert_fails_with(
+        &[
+            "render",
+            "--plugin",
+            uuid,
+            "--parent",
+            bad_yaml.to_str().unwrap(),
+        ],
+        "invalid YAML",
+    );
+
+    let wrong_kind = dir.path().join("cm.yaml");
+    std::fs::write(
+        &wrong_kind,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+    )
+    .unwrap();
+    assert_fails_with(
+        &[
+            "render",
+            "--plugin",
+            uuid,
+            "--parent",
+            wrong_kind.to_str().unwrap(),
+        ],
+        "plugin uuid reconciles Uuid.demo.operator/v1",
+    );
+}
+
+#[test]
+fn a_component_built_for_another_contract_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(plugin("uuid")).unwrap();
+    let from = b"capstan:plugin/reconciler@0.1.0";
+    let to = b"capstan:plugin/reconciler@2.0.0";
+    let mut patched = bytes.clone();
+    let mut replaced = 0;
+    for i in 0..patched.len().saturating_sub(from.len()) {
+        if &patched[i..i + from.len()] == from {
+            patched[i..i + to.len()].copy_from_slice(to);
+            replaced += 1;
+        }
+    }
+    assert!(replaced > 0, "the export name must be in the component");
+    let path = dir.path().join("future.wasm");
+    std::fs::write(&path, patched).unwrap();
+    assert_fails_with(
+        &["inspect", path.to_str().unwrap()],
+        "it was built for capstan:plugin@2.0.0",
+    );
+}
+
+#[test]
+fn misbehaving_plugins_are_stopped_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let widget = test_plugin("widget");
+    let widget = widget.to_str().unwrap();
+    let cases = [
+        (
+            "trap",
+            "plugin widget crashed: wasm trap: wasm `unreachable` instruction executed",
+        ),
+        ("panic", "plugin widget panicked: widget asked to panic"),
+        (
+            "loop",
+            "plugin widget ran past its deadline of 300ms and was stopped",
+        ),
+        (
+            "oom",
+            "plugin widget exceeded its memory cap of 16 MiB and was stopped",
+        ),
+        (
+            "invalid",
+            "reconcile failed: invalid spec: spec.mode says this spec is invalid",
+        ),
+        (
+            "undeclared-kind",
+            "plugin output refused: child Secret.v1 \"w-secret\" is of a kind the plugin did not declare",
+        ),
+        (
+            "other-namespace",
+            "plugin output refused: child ConfigMap.v1 \"w-elsewhere\" is in namespace \"kube-system\"",
+        ),
+        (
+            "bad-status",
+            "plugin output refused: status must be a JSON object: got an array",
+        ),
+    ];
+    for (mode, expected) in cases {
+        let parent = widget_parent(&dir, mode);
+        assert_fails_with(
+            &[
+                "render",
+                "--plugin",
+                widget,
+                "--parent",
+                &parent,
+                "--plugin-timeout-ms",
+                "300",
+                "--plugin-memory-mib",
+                "16",
+            ],
+            expected,
+        );
+    }
+}
+
+#[test]
+fn calls_are_independent_and_a_failed_call_does_not_poison_the_plugin() {
+    let plugin = sandbox().load_file(&test_plugin("widget")).unwrap();
+    let observed = |mode: &str| Observed {
+        parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {"mode": mode, "count": 1}}),
+        children: vec![],
+    };
+    assert!(matches!(
+        plugin.reconcile(&observed("loop")),
+        Err(CallError::Deadline { .. })
+    ));
+    assert!(matches!(
+        plugin.reconcile(&observed("oom")),
+        Err(CallError::MemoryCap { .. })
+    ));
+    let ok = plugin.reconcile(&observed("")).unwrap().unwrap();
+    assert_eq!(ok.children.len(), 1);
+}
+
+#[test]
+fn compiled_code_is_cached_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SandboxConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..SandboxConfig::default()
+    };
+    let first = Sandbox::new(config.clone())
+        .unwrap()
+        .load_file(&plugin("uuid"))
+        .unwrap();
+    let entries: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let name = entries[0].to_string_lossy().into_owned();
+    assert!(
+        name.starts_with(first.sha256()) && name.ends_with(".cwasm"),
+        "{name}"
+    );
+    // A second engine with the same settings loads from the cache and still works.
+    let second = Sandbox::new(config)
+        .unwrap()
+        .load_file(&plugin("uuid"))
+        .unwrap();
+    assert_eq!(second.info(), first.info());
+    // A corrupt entry is ignored, not fatal.
+    std::fs::write(dir.path().join(&name), b"garbage").unwrap();
+    let config = SandboxConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..SandboxConfig::default()
+    };
+    assert!(
+        Sandbox::new(config)
+            .unwrap()
+            .load_file(&plugin("uuid"))
+            .is_ok()
+    );
+}

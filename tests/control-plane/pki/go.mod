@@ -1,0 +1,3 @@
+module capstan/control-plane/pki
+
+go 1.26.0

@@ -1,0 +1,408 @@
+//! `cargo xtask cluster`: a real local Kubernetes control plane for tests and the demo.
+//!
+//! etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake kubelets)
+//! are built from pinned Go modules (see [`binaries`]) and run as detached processes on
+//! 127.0.0.1 only, with one state directory per cluster holding credentials, etcd data,
+//! logs, ports and PIDs. Two clusters with different state directories run side by side.
+//! `docs/control-plane.md` is the user's guide.
+
+mod binaries;
+mod bootstrap;
+mod components;
+mod process;
+mod state;
+
+use std::{
+    env, fs,
+    path::{Path, PathBuf},
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+pub use binaries::ensure_binaries;
+use bootstrap::Kubectl;
+use process::Process;
+use state::{Ports, StateDir};
+
+const USAGE: &str = "usage: cargo xtask cluster <command> [--state-dir DIR] [--nodes N]
+
+commands:
+  up       build or reuse the binaries, start a cluster, print `export KUBECONFIG=…`
+  down     stop the cluster's processes and remove its state directory
+  status   say what runs
+  build    build the binaries into the cache (if missing) and print the bin directory
+  pin      regenerate tests/control-plane's Go modules from the pinned versions
+
+options:
+  --state-dir DIR   the cluster's state directory (default: $CAPSTAN_CLUSTER_DIR, else
+                    target/cluster in the workspace)
+  --nodes N         fake nodes to start with (up only; default 1)
+";
+
+/// How long SIGTERM gets before SIGKILL on `down`.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// What `up` starts.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    /// The state directory; see [`default_state_dir`].
+    pub state_dir: PathBuf,
+    /// Number of fake kwok nodes (`kwok-node-0`, …), each 32 CPUs, 256Gi, 110 pods.
+    pub nodes: usize,
+    /// How long each readiness step may take before `up` gives up.
+    pub step_timeout: Duration,
+}
+
+impl Default for UpOptions {
+    fn default() -> Self {
+        Self {
+            state_dir: default_state_dir(),
+            nodes: 1,
+            step_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+impl UpOptions {
+    /// The cluster of `cargo xtask test`: `$CAPSTAN_TEST_CLUSTER_DIR`, else
+    /// `target/test-cluster`, apart from the one started by hand (`target/cluster`), so a
+    /// test run never stops the cluster someone is using. A fixed directory, so that a
+    /// test run that died without `down` is found, reused and stopped by the next one.
+    pub fn for_tests() -> Self {
+        let dir = env::var_os("CAPSTAN_TEST_CLUSTER_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace_dir().join("target/test-cluster"));
+        Self::default().state_dir(dir)
+    }
+
+    /// Uses `dir` as the state directory.
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.state_dir = dir.into();
+        self
+    }
+
+    /// Starts `nodes` fake nodes (at least one).
+    pub fn nodes(mut self, nodes: usize) -> Self {
+        self.nodes = nodes.max(1);
+        self
+    }
+}
+
+/// A running cluster.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// Admin kubeconfig (client certificate in `system:masters`): set `KUBECONFIG` to it.
+    pub kubeconfig: PathBuf,
+    /// The state directory: pass it to [`down`].
+    pub state_dir: PathBuf,
+    /// The control-plane binaries, `kubectl` among them.
+    pub bin_dir: PathBuf,
+}
+
+/// `$CAPSTAN_CLUSTER_DIR`, else `target/cluster` in the workspace.
+pub fn default_state_dir() -> PathBuf {
+    env::var_os("CAPSTAN_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_dir().join("target/cluster"))
+}
+
+fn workspace_dir() -> PathBuf {
+    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).to_path_buf()
+}
+
+/// Starts a cluster in `opts.state_dir` and returns once it is usable: `/readyz` is ok,
+/// every fake node is Ready, and the controller-manager has made the `default`
+/// ServiceAccount in `default`.
+///
+/// If that directory already holds a running cluster, returns it as it is. If it holds
+/// a dead one, replaces it. On failure, stops whatever it started, keeps the logs, and
+/// the error names the failing component and its log (whose tail goes to stderr).
+pub fn up(opts: &UpOptions) -> Result<Cluster> {
+    let bin_dir = ensure_binaries()?;
+    let state = StateDir::new(&opts.state_dir);
+    let cluster = Cluster {
+        kubeconfig: state.kubeconfig(),
+        state_dir: opts.state_dir.clone(),
+        bin_dir: bin_dir.clone(),
+    };
+    if state.exists() {
+        let processes = state.processes()?;
+        let running = processes.iter().filter(|p| p.is_running()).count();
+        if running > 0 && running == processes.len() {
+            eprintln!("cluster: already running in {}", state.root().display());
+            return Ok(cluster);
+        }
+        if running > 0 {
+            bail!(
+                "the cluster in {dir} is only partly running; run `cargo xtask cluster down \
+                 --state-dir {dir}` first",
+                dir = state.root().display()
+            );
+        }
+    }
+    let started = Instant::now();
+    state.create()?;
+    if let Err(err) = start(&bin_dir, &state, opts) {
+        stop_all(&state);
+        return Err(err.context(format!(
+            "cluster up failed; logs kept in {} (`cargo xtask cluster down` removes them)",
+            state.logs().display()
+        )));
+    }
+    eprintln!("cluster: up in {:.1?}", started.elapsed());
+    Ok(cluster)
+}
+
+fn start(bin: &Path, state: &StateDir, opts: &UpOptions) -> Result<()> {
+    let ports = Ports::pick()?;
+    state.write_ports(&ports)?;
+    run_once("capstan-pki", components::pki(bin, state, &ports))?;
+    fs::copy(state.component_kubeconfig("admin"), state.kubeconfig())
+        .context("copy the admin kubeconfig")?;
+    let kubectl = Kubectl::new(bin, &state.kubeconfig());
+    let mut run = Startup {
+        state,
+        processes: Vec::new(),
+        timeout: opts.step_timeout,
+    };
+
+    run.spawn("etcd", components::etcd(bin, state, &ports))?;
+    run.wait("etcd to be healthy", || {
+        bootstrap::etcd_healthy(ports.etcd_client)
+    })?;
+    run.spawn("kube-apiserver", components::apiserver(bin, state, &ports))?;
+    run.wait("kube-apiserver's /readyz", || kubectl.apiserver_ready())?;
+
+    run.spawn(
+        "kube-controller-manager",
+        components::controller_manager(bin, state, &ports),
+    )?;
+    run.spawn("kube-scheduler", components::scheduler(bin, state, &ports))?;
+    run.spawn("kwok", components::kwok(bin, state, &ports))?;
+    kubectl.create(&bootstrap::seed_manifest(opts.nodes, state))?;
+
+    let nodes: Vec<String> = (0..opts.nodes).map(bootstrap::node_name).collect();
+    run.wait("the fake nodes to be Ready", || kubectl.nodes_ready(&nodes))?;
+    run.wait("the default ServiceAccount", || {
+        kubectl.service_account_exists("default", "default")
+    })?;
+    run.wait(
+        "the controller-manager, scheduler and kwok to listen",
+        || {
+            [ports.controller_manager, ports.scheduler, ports.kwok]
+                .into_iter()
+                .all(bootstrap::listening)
+        },
+    )?;
+    Ok(())
+}
+
+/// The processes started so far by one `up`, watched while waiting for readiness.
+struct Startup<'a> {
+    state: &'a StateDir,
+    processes: Vec<Process>,
+    timeout: Duration,
+}
+
+impl Startup<'_> {
+    fn spawn(&mut self, component: &str, command: Command) -> Result<()> {
+        let process = process::spawn_detached(component, command, &self.state.log(component))?;
+        self.state.record(&process)?;
+        self.processes.push(process);
+        Ok(())
+    }
+
+    /// Polls `ready` until it holds; fails early, naming the component, when a started
+    /// process exits, and names the newest component on a timeout.
+    fn wait(&self, what: &str, mut ready: impl FnMut() -> bool) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            if ready() {
+                eprintln!("cluster: {what}: ok after {:.1?}", started.elapsed());
+                return Ok(());
+            }
+            if let Some(dead) = self.processes.iter().find(|p| !p.is_running()) {
+                return Err(component_error(self.state, &dead.component, "exited"));
+            }
+            if started.elapsed() > self.timeout {
+                let newest = self
+                    .processes
+                    .last()
+                    .map_or("etcd", |p| p.component.as_str());
+                let reason = format!(
+                    "still not ready after {:.0?} waiting for {what}",
+                    self.timeout
+                );
+                return Err(component_error(self.state, newest, &reason));
+            }
+            thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+/// An error naming `component` and its log, whose last lines go to stderr.
+fn component_error(state: &StateDir, component: &str, reason: &str) -> anyhow::Error {
+    let log = state.log(component);
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    eprintln!("--- last lines of {} ---", log.display());
+    for line in &lines[lines.len().saturating_sub(25)..] {
+        eprintln!("{line}");
+    }
+    eprintln!("---");
+    anyhow::anyhow!("{component} {reason} (log: {})", log.display())
+}
+
+fn run_once(what: &str, mut command: Command) -> Result<()> {
+    let output = command.output().with_context(|| format!("run {what}"))?;
+    if !output.status.success() {
+        bail!(
+            "{what} failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Stops the cluster whose state is in `state_dir` (exactly the recorded processes:
+/// SIGTERM, then SIGKILL after a grace period) and removes the directory. Nothing to do
+/// when there is no cluster there.
+pub fn down(state_dir: &Path) -> Result<()> {
+    let state = StateDir::new(state_dir);
+    if !state.exists() {
+        if state_dir.exists() {
+            bail!(
+                "{} is not a cluster state directory; not touching it",
+                state_dir.display()
+            );
+        }
+        eprintln!("cluster: nothing in {}", state_dir.display());
+        return Ok(());
+    }
+    for process in state.processes()?.iter().rev() {
+        process.stop(STOP_GRACE)?;
+    }
+    state.remove()?;
+    eprintln!("cluster: stopped and removed {}", state_dir.display());
+    Ok(())
+}
+
+/// Best effort after a failed start: stop what was started, keep the logs.
+fn stop_all(state: &StateDir) {
+    for process in state.processes().unwrap_or_default().iter().rev() {
+        if let Err(err) = process.stop(STOP_GRACE) {
+            eprintln!("cluster: {err:#}");
+        }
+    }
+}
+
+/// Prints which of the cluster's processes run, on which ports, and its kubeconfig.
+pub fn status(state_dir: &Path) -> Result<()> {
+    let state = StateDir::new(state_dir);
+    if !state.exists() {
+        println!("no cluster in {}", state_dir.display());
+        return Ok(());
+    }
+    let ports = state.ports();
+    let processes = state.processes()?;
+    println!("cluster in {}", state_dir.display());
+    for process in &processes {
+        let port = ports.iter().find(|(name, _)| *name == process.component);
+        println!(
+            "  {:<24} pid {:<8} {:<8} {}",
+            process.component,
+            process.pid,
+            if process.is_running() {
+                "running"
+            } else {
+                "stopped"
+            },
+            port.map(|(_, port)| format!("127.0.0.1:{port}"))
+                .unwrap_or_default()
+        );
+    }
+    let running = processes.iter().filter(|p| p.is_running()).count();
+    println!(
+        "  {running}/{} processes running; logs in {}",
+        processes.len(),
+        state.logs().display()
+    );
+    println!("  export KUBECONFIG={}", state.kubeconfig().display());
+    Ok(())
+}
+
+/// Entry point for `cargo xtask cluster …`.
+pub fn main(args: &[String]) -> Result<()> {
+    let (command, opts) = parse(args)?;
+    match command.as_str() {
+        "up" => {
+            let cluster = up(&opts)?;
+            // Only shell on stdout: `eval "$(cargo xtask cluster up)"` works.
+            println!("export KUBECONFIG={}", cluster.kubeconfig.display());
+            println!("export PATH={}:$PATH", cluster.bin_dir.display());
+            eprintln!(
+                "cluster: state in {}; kubectl is {}; stop with `cargo xtask cluster down{}`",
+                cluster.state_dir.display(),
+                cluster.bin_dir.join("kubectl").display(),
+                state_dir_flag(&cluster.state_dir)
+            );
+            Ok(())
+        }
+        "down" => down(&opts.state_dir),
+        "status" => status(&opts.state_dir),
+        "build" => {
+            println!("{}", ensure_binaries()?.display());
+            Ok(())
+        }
+        "pin" => binaries::pin(),
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown cluster command `{other}`\n\n{USAGE}"),
+    }
+}
+
+fn parse(args: &[String]) -> Result<(String, UpOptions)> {
+    let mut opts = UpOptions::default();
+    let mut command = None;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = |flag: &str| {
+            args.next()
+                .cloned()
+                .with_context(|| format!("{flag} needs a value"))
+        };
+        match arg.as_str() {
+            "--state-dir" => opts = opts.state_dir(value("--state-dir")?),
+            "--nodes" => {
+                let n = value("--nodes")?;
+                opts = opts.nodes(
+                    n.parse()
+                        .with_context(|| format!("--nodes {n}: not a number"))?,
+                );
+            }
+            flag if flag.starts_with("--state-dir=") => {
+                opts = opts.state_dir(&flag["--state-dir=".len()..]);
+            }
+            flag if flag.starts_with('-') && flag != "-h" && flag != "--help" => {
+                bail!("unknown option `{flag}`\n\n{USAGE}")
+            }
+            _ if command.is_none() => command = Some(arg.clone()),
+            _ => bail!("unexpected argument `{arg}`\n\n{USAGE}"),
+        }
+    }
+    Ok((command.unwrap_or_else(|| "--help".into()), opts))
+}
+
+fn state_dir_flag(dir: &Path) -> String {
+    if dir == default_state_dir() {
+        String::new()
+    } else {
+        format!(" --state-dir {}", dir.display())
+    }
+}

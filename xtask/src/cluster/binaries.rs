@@ -1,0 +1,432 @@
+//! The pinned Go builds of the control plane's binaries, and the cache they live in.
+//!
+//! `tests/control-plane/` holds one wrapper Go module per upstream project (kubernetes,
+//! etcd, kwok) so that their dependency graphs never move each other, plus `pki`, a
+//! standard-library-only credential maker. The binaries are built from those modules
+//! with `go build` into a cache directory outside the repository, keyed by the pinned
+//! versions; a build that finds them there does nothing.
+
+use std::{
+    env, fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+
+/// `k8s.io/kubernetes` release whose apiserver, controller-manager, scheduler and kubectl
+/// are built; k8s-openapi's `v1_37` feature matches it.
+pub const KUBERNETES_VERSION: &str = "v1.37.2";
+/// `go.etcd.io/etcd/server/v3` release.
+pub const ETCD_VERSION: &str = "v3.6.16";
+/// `sigs.k8s.io/kwok` release: the fake kubelets.
+pub const KWOK_VERSION: &str = "v0.8.0";
+
+/// One binary of the control plane and where it is built from.
+struct Binary {
+    /// File name in the bin directory.
+    name: &'static str,
+    /// Wrapper module directory under `tests/control-plane/`.
+    module: &'static str,
+    /// Go package with the `main` function.
+    package: &'static str,
+}
+
+const BINARIES: &[Binary] = &[
+    Binary {
+        name: "etcd",
+        module: "etcd",
+        package: "go.etcd.io/etcd/server/v3",
+    },
+    Binary {
+        name: "kube-apiserver",
+        module: "kubernetes",
+        package: "k8s.io/kubernetes/cmd/kube-apiserver",
+    },
+    Binary {
+        name: "kube-controller-manager",
+        module: "kubernetes",
+        package: "k8s.io/kubernetes/cmd/kube-controller-manager",
+    },
+    Binary {
+        name: "kube-scheduler",
+        module: "kubernetes",
+        package: "k8s.io/kubernetes/cmd/kube-scheduler",
+    },
+    Binary {
+        name: "kubectl",
+        module: "kubernetes",
+        package: "k8s.io/kubernetes/cmd/kubectl",
+    },
+    Binary {
+        name: "kwok",
+        module: "kwok",
+        package: "sigs.k8s.io/kwok/cmd/kwok",
+    },
+    Binary {
+        name: "capstan-pki",
+        module: "pki",
+        package: ".",
+    },
+];
+
+/// The upstream module each wrapper module pins, as `go.mod` must spell it.
+const PINS: &[(&str, &str, &str)] = &[
+    ("kubernetes", "k8s.io/kubernetes", KUBERNETES_VERSION),
+    ("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION),
+    ("kwok", "sigs.k8s.io/kwok", KWOK_VERSION),
+];
+
+/// The Go modules and manifests that pin the control plane, in the repository.
+pub fn control_plane_dir() -> PathBuf {
+    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).join("tests/control-plane")
+}
+
+/// `$CAPSTAN_CACHE_DIR`, else `$XDG_CACHE_HOME/capstan`, else `~/.cache/capstan`.
+pub fn cache_dir() -> Result<PathBuf> {
+    if let Some(dir) = env::var_os("CAPSTAN_CACHE_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = env::var_os("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(dir).join("capstan"));
+    }
+    let home = env::var_os("HOME").context("neither CAPSTAN_CACHE_DIR nor HOME is set")?;
+    Ok(PathBuf::from(home).join(".cache/capstan"))
+}
+
+/// Where the binaries of the pinned versions live (they may not be built yet).
+pub fn bin_dir() -> Result<PathBuf> {
+    let key = format!("k8s-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}-kwok-{KWOK_VERSION}");
+    Ok(cache_dir()?.join(key).join("bin"))
+}
+
+/// Builds whichever control-plane binaries are missing from the cache and returns the
+/// bin directory holding all of them.
+///
+/// Needs `go` (1.26 or newer) on `PATH` and the Go module proxy the first time; after
+/// that it only looks at the files. Each binary appears atomically, so an interrupted
+/// build leaves nothing half-written behind.
+pub fn ensure_binaries() -> Result<PathBuf> {
+    let bin = bin_dir()?;
+    let missing: Vec<&Binary> = BINARIES
+        .iter()
+        .filter(|b| !bin.join(b.name).is_file())
+        .collect();
+    if missing.is_empty() {
+        return Ok(bin);
+    }
+    check_go()?;
+    check_pins()?;
+    fs::create_dir_all(&bin).with_context(|| format!("create {}", bin.display()))?;
+    let ldflags = ldflags()?;
+    let started = Instant::now();
+    for binary in missing {
+        build(binary, &bin, &ldflags)?;
+    }
+    eprintln!(
+        "cluster: binaries built in {:.0?} into {}",
+        started.elapsed(),
+        bin.display()
+    );
+    Ok(bin)
+}
+
+fn build(binary: &Binary, bin: &Path, ldflags: &str) -> Result<()> {
+    eprintln!(
+        "cluster: building {} from {} (slow the first time) …",
+        binary.name, binary.package
+    );
+    let partial = bin.join(format!("{}.partial-{}", binary.name, std::process::id()));
+    let status = Command::new("go")
+        .current_dir(control_plane_dir().join(binary.module))
+        // Static binaries, the same as Kubernetes' own releases, and no C toolchain needed.
+        .env("CGO_ENABLED", "0")
+        .args(["build", "-trimpath", "-buildvcs=false"])
+        .arg(format!("-ldflags={ldflags}"))
+        .arg("-o")
+        .arg(&partial)
+        .arg(binary.package)
+        .status()
+        .context("run `go build`")?;
+    if !status.success() {
+        let _ = fs::remove_file(&partial);
+        bail!(
+            "`go build {}` failed ({status}); its output is above",
+            binary.package
+        );
+    }
+    fs::rename(&partial, bin.join(binary.name))
+        .with_context(|| format!("move {} into place", partial.display()))
+}
+
+/// Strips the binaries and stamps the Kubernetes version that `/version` and
+/// `kubectl version` report (harmless for the binaries that lack these variables).
+fn ldflags() -> Result<String> {
+    let (major, minor) = major_minor(KUBERNETES_VERSION)?;
+    // The module proxy knows when the release was tagged but not its commit.
+    let build_date = go_output(
+        &control_plane_dir().join("kubernetes"),
+        &[
+            "list",
+            "-m",
+            "-f",
+            "{{.Time.UTC.Format \"2006-01-02T15:04:05Z\"}}",
+            "k8s.io/kubernetes",
+        ],
+    )?;
+    let mut flags = String::from("-s -w");
+    for package in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
+        for (var, value) in [
+            ("gitMajor", major),
+            ("gitMinor", minor),
+            ("gitVersion", KUBERNETES_VERSION),
+            ("gitTreeState", "clean"),
+            ("buildDate", build_date.trim()),
+        ] {
+            flags.push_str(&format!(" -X {package}.{var}={value}"));
+        }
+    }
+    Ok(flags)
+}
+
+fn major_minor(version: &str) -> Result<(&str, &str)> {
+    let mut parts = version.trim_start_matches('v').split('.');
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => Ok((major, minor)),
+        _ => bail!("version {version} is not vMAJOR.MINOR.PATCH"),
+    }
+}
+
+fn check_go() -> Result<()> {
+    match Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .status()
+    {
+        Ok(status) if status.success() => Ok(()),
+        _ => bail!(
+            "the control plane is built from Go modules, but `go` (1.26 or newer) is not on PATH"
+        ),
+    }
+}
+
+/// Refuses to build from wrapper modules that pin other versions than this file says.
+fn check_pins() -> Result<()> {
+    for (module, path, version) in PINS {
+        let go_mod = control_plane_dir().join(module).join("go.mod");
+        let text =
+            fs::read_to_string(&go_mod).with_context(|| format!("read {}", go_mod.display()))?;
+        let pinned = text.lines().any(|line| {
+            let line = line.trim().trim_start_matches("require ");
+            line.split_whitespace().take(2).eq([*path, *version])
+        });
+        if !pinned {
+            bail!(
+                "{} does not pin {path} {version}; run `cargo xtask cluster pin`",
+                go_mod.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Rewrites the wrapper modules (go.mod and go.sum) and kwok's stage file from the pinned
+/// versions: `cargo xtask cluster pin`, after changing a version above.
+pub fn pin() -> Result<()> {
+    check_go()?;
+    pin_kubernetes()?;
+    pin_tool_module(
+        "etcd",
+        &[&format!("go.etcd.io/etcd/server/v3@{ETCD_VERSION}")],
+    )?;
+    pin_tool_module(
+        "kwok",
+        &[&format!("sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}")],
+    )?;
+    write_kwok_stages()?;
+    eprintln!(
+        "cluster: pinned; the next `cluster up` builds into {}",
+        bin_dir()?.display()
+    );
+    Ok(())
+}
+
+/// k8s.io/kubernetes replaces every staging module (k8s.io/api, client-go, …) with a
+/// `./staging` path that a dependent cannot see; each is published as v0.MINOR.PATCH,
+/// so the wrapper replaces each with that version. The list is read from the release's
+/// own go.mod, never typed.
+fn pin_kubernetes() -> Result<()> {
+    let dir = control_plane_dir().join("kubernetes");
+    let upstream = module_info(
+        &dir,
+        &format!("k8s.io/kubernetes@{KUBERNETES_VERSION}"),
+        "GoMod",
+    )?;
+    let upstream = fs::read_to_string(&upstream).with_context(|| format!("read {upstream}"))?;
+    let staging_version = format!("v0{}", KUBERNETES_VERSION.trim_start_matches("v1"));
+    let staging = staging_modules(&upstream);
+    if staging.is_empty() {
+        bail!("k8s.io/kubernetes@{KUBERNETES_VERSION}'s go.mod replaces no ./staging modules");
+    }
+    init_module(
+        &dir,
+        "kubernetes",
+        go_directive(&upstream).unwrap_or("1.26.0"),
+    )?;
+    let mut edit = vec!["mod".to_owned(), "edit".to_owned()];
+    edit.extend(
+        staging
+            .iter()
+            .map(|m| format!("-replace={m}={m}@{staging_version}")),
+    );
+    go(&dir, &edit.iter().map(String::as_str).collect::<Vec<_>>())?;
+    let tools: Vec<String> = [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubectl",
+    ]
+    .iter()
+    .map(|cmd| format!("k8s.io/kubernetes/cmd/{cmd}@{KUBERNETES_VERSION}"))
+    .collect();
+    get_tools_and_tidy(&dir, &tools.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The module paths in go.mod's `replace` directives that point into `./staging`.
+fn staging_modules(go_mod: &str) -> Vec<&str> {
+    go_mod
+        .lines()
+        .map(|line| line.trim().trim_start_matches("replace").trim())
+        .filter_map(|line| line.split_once("=>"))
+        .filter(|(_, target)| target.trim().starts_with("./staging/"))
+        .map(|(module, _)| module.trim())
+        .collect()
+}
+
+fn go_directive(go_mod: &str) -> Option<&str> {
+    go_mod
+        .lines()
+        .find_map(|line| line.strip_prefix("go "))
+        .map(str::trim)
+}
+
+fn pin_tool_module(module: &str, tools: &[&str]) -> Result<()> {
+    let dir = control_plane_dir().join(module);
+    init_module(&dir, module, "1.26.0")?;
+    get_tools_and_tidy(&dir, tools)
+}
+
+fn init_module(dir: &Path, name: &str, go_version: &str) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    for file in ["go.mod", "go.sum"] {
+        let _ = fs::remove_file(dir.join(file));
+    }
+    let go_mod = format!(
+        "// Generated by `cargo xtask cluster pin`; edit the versions in \
+         xtask/src/cluster/binaries.rs.\nmodule capstan/control-plane/{name}\n\ngo {go_version}\n"
+    );
+    fs::write(dir.join("go.mod"), go_mod).with_context(|| format!("write {}/go.mod", dir.display()))
+}
+
+/// `tool` directives keep the upstream commands (and so their whole module graph) in
+/// go.mod without a Go file that imports them.
+fn get_tools_and_tidy(dir: &Path, tools: &[&str]) -> Result<()> {
+    let mut args = vec!["get", "-tool"];
+    args.extend_from_slice(tools);
+    go(dir, &args)?;
+    go(dir, &["mod", "tidy"])
+}
+
+/// kwok has no built-in stages; kwokctl hands it these defaults from the release's
+/// `kustomize/stage` tree, and so does `cluster up` through `tests/control-plane/kwok/stages.yaml`.
+fn write_kwok_stages() -> Result<()> {
+    let kwok = control_plane_dir().join("kwok");
+    let source = module_info(&kwok, &format!("sigs.k8s.io/kwok@{KWOK_VERSION}"), "Dir")?;
+    let mut out = format!(
+        "# Generated by `cargo xtask cluster pin` from sigs.k8s.io/kwok@{KWOK_VERSION}\n\
+         # kustomize/stage: the stages kwokctl gives kwok by default. Do not edit.\n"
+    );
+    for file in [
+        "node/fast/node-initialize.yaml",
+        "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+        "pod/fast/pod-ready.yaml",
+        "pod/fast/pod-complete.yaml",
+        "pod/fast/pod-delete.yaml",
+    ] {
+        let path = Path::new(&source).join("kustomize/stage").join(file);
+        let text = fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        out.push_str("---\n");
+        out.push_str(text.trim_start_matches("---\n"));
+    }
+    fs::write(kwok.join("stages.yaml"), out).context("write tests/control-plane/kwok/stages.yaml")
+}
+
+/// One field of `go mod download -json MODULE@VERSION` (a file or directory in the
+/// module cache).
+fn module_info(dir: &Path, module: &str, field: &str) -> Result<String> {
+    let json = go_output(dir, &["mod", "download", "-json", module])?;
+    let key = format!("\"{field}\": \"");
+    json.lines()
+        .find_map(|line| line.trim().strip_prefix(&key)?.strip_suffix("\","))
+        .map(str::to_owned)
+        .with_context(|| format!("`go mod download -json {module}` gave no {field}"))
+}
+
+fn go(dir: &Path, args: &[&str]) -> Result<()> {
+    let status = Command::new("go")
+        .current_dir(dir)
+        .args(args)
+        .status()
+        .with_context(|| format!("run `go {}`", args.join(" ")))?;
+    if !status.success() {
+        bail!(
+            "`go {}` in {} failed ({status})",
+            args.join(" "),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn go_output(dir: &Path, args: &[&str]) -> Result<String> {
+    let output = Command::new("go")
+        .current_dir(dir)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("run `go {}`", args.join(" ")))?;
+    if !output.status.success() {
+        bail!(
+            "`go {}` in {} failed ({})",
+            args.join(" "),
+            dir.display(),
+            output.status
+        );
+    }
+    String::from_utf8(output.stdout).context("go printed something that is not UTF-8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_only_staging_replacements() {
+        let go_mod = "module k8s.io/kubernetes\n\ngo 1.26.0\n\nreplace (\n\
+                      \tk8s.io/api => ./staging/src/k8s.io/api\n\
+                      \tk8s.io/client-go => ./staging/src/k8s.io/client-go\n)\n\
+                      replace example.com/x => example.com/y v1.0.0\n";
+        assert_eq!(staging_modules(go_mod), ["k8s.io/api", "k8s.io/client-go"]);
+        assert_eq!(go_directive(go_mod), Some("1.26.0"));
+    }
+
+    #[test]
+    fn splits_major_minor() {
+        assert_eq!(major_minor("v1.37.2").unwrap(), ("1", "37"));
+    }
+}

@@ -1,0 +1,148 @@
+//! Build automation for Capstan, reached as `cargo xtask <command>`.
+//!
+//! Only the standard library and `anyhow`: the xtask must compile in seconds on a fresh
+//! machine, before anything else is built.
+
+mod cluster;
+mod demo;
+mod tools;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  demo [--once]            build everything, start a local cluster, run capstan with the
+                           shipped plugins and show them at work (--once: exit after showing)
+  test                     every test: unit, render, control plane, end to end
+  plugins                  build the plugins (wasm32-wasip2) into target/plugins/
+  cluster up|down|status   a real local Kubernetes control plane (built from Go modules)
+";
+
+/// Shipped plugins: (package, file name under target/plugins/).
+const PLUGINS: &[(&str, &str)] = &[
+    ("capstan-plugin-uuid", "uuid.wasm"),
+    ("capstan-plugin-postgresql", "postgresql.wasm"),
+];
+/// Plugins used only by tests, built into target/test-plugins/.
+const TEST_PLUGINS: &[(&str, &str)] = &[
+    ("capstan-test-widget", "widget.wasm"),
+    ("capstan-test-guard", "guard.wasm"),
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Err(err) = run(&args) {
+        eprintln!("xtask: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &[String]) -> Result<()> {
+    match args.first().map(String::as_str) {
+        Some("cluster") => cluster::main(&args[1..]),
+        Some("plugins") => build_plugins().map(|_| ()),
+        Some("test") => test(&args[1..]),
+        Some("demo") => demo::main(&args[1..]),
+        Some("-h" | "--help") | None => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => bail!("unknown command `{other}`\n\n{USAGE}"),
+    }
+}
+
+/// The workspace root (the parent of xtask/).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// The shared target directory.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+/// Runs a command in the workspace root, failing with its name if it fails.
+pub fn run_cmd(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("cannot start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed ({status})");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// Paths of the built plugins.
+pub struct BuiltPlugins {
+    /// target/plugins: the shipped plugins.
+    pub plugins: PathBuf,
+    /// target/test-plugins: plugins only tests use.
+    pub test_plugins: PathBuf,
+}
+
+/// Builds every plugin for wasm32-wasip2 and copies them to stable names.
+pub fn build_plugins() -> Result<BuiltPlugins> {
+    tools::ensure_wasm_targets()?;
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "--target", "wasm32-wasip2"]);
+    for (package, _) in PLUGINS.iter().chain(TEST_PLUGINS) {
+        cmd.args(["--package", package]);
+    }
+    run_cmd(&mut cmd)?;
+    let out = target_dir().join("wasm32-wasip2/release");
+    let built = BuiltPlugins {
+        plugins: target_dir().join("plugins"),
+        test_plugins: target_dir().join("test-plugins"),
+    };
+    for (list, dir) in [
+        (PLUGINS, &built.plugins),
+        (TEST_PLUGINS, &built.test_plugins),
+    ] {
+        std::fs::create_dir_all(dir)?;
+        for (package, file) in list {
+            let from = out.join(format!("{}.wasm", package.replace('-', "_")));
+            std::fs::copy(&from, dir.join(file))
+                .with_context(|| format!("copy {}", from.display()))?;
+        }
+    }
+    println!("plugins: {}", built.plugins.display());
+    Ok(built)
+}
+
+/// `cargo xtask test`: builds what the tests need, starts a local control plane, runs
+/// every test with it, and stops it again, also when tests fail.
+fn test(args: &[String]) -> Result<()> {
+    let built = build_plugins()?;
+    let component_plugin = tools::build_with_cargo_component()?;
+    run_cmd(cargo().args(["build", "--package", "capstan", "--bin", "capstan"]))?;
+    let cluster = cluster::up(&cluster::UpOptions::for_tests())?;
+    let result = run_cmd(
+        cargo()
+            .args(["test", "--workspace", "--no-fail-fast"])
+            .args(args)
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("CAPSTAN_PLUGIN_DIR", &built.plugins)
+            .env("CAPSTAN_TEST_PLUGIN_DIR", &built.test_plugins)
+            .env("CAPSTAN_COMPONENT_PLUGIN", &component_plugin)
+            .env("CAPSTAN_BIN", target_dir().join("debug/capstan"))
+            .env("CAPSTAN_KUBECTL", cluster.bin_dir.join("kubectl")),
+    );
+    let stopped = cluster::down(&cluster.state_dir);
+    result?;
+    stopped
+}
