@@ -149,8 +149,9 @@ pub fn up(opts: &UpOptions) -> Result<Cluster> {
     if let Err(err) = start(&bin_dir, &state, opts) {
         stop_all(&state);
         return Err(err.context(format!(
-            "cluster up failed; logs kept in {} (`cargo xtask cluster down` removes them)",
-            state.logs().display()
+            "cluster up failed; logs kept in {} (`cargo xtask cluster down{}` removes them)",
+            state.logs().display(),
+            state_dir_flag(state.root())
         )));
     }
     eprintln!("cluster: up in {:.1?}", started.elapsed());
@@ -226,7 +227,8 @@ impl Startup<'_> {
                 return Ok(());
             }
             if let Some(dead) = self.processes.iter().find(|p| !p.is_running()) {
-                return Err(component_error(self.state, &dead.component, "exited"));
+                let reason = format!("exited while waiting for {what}");
+                return Err(component_error(self.state, &dead.component, &reason));
             }
             if started.elapsed() > self.timeout {
                 let newest = self
@@ -311,18 +313,25 @@ pub fn status(state_dir: &Path) -> Result<()> {
     let processes = state.processes()?;
     println!("cluster in {}", state_dir.display());
     for process in &processes {
-        let port = ports.iter().find(|(name, _)| *name == process.component);
+        let running = if process.is_running() {
+            "running"
+        } else {
+            "stopped"
+        };
+        // etcd has two ports (etcd-client, etcd-peer), the others one each.
+        let listens: Vec<String> = ports
+            .iter()
+            .filter(|(name, _)| {
+                let rest = name.strip_prefix(&process.component);
+                rest.is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+            })
+            .map(|(name, port)| format!("{name}=127.0.0.1:{port}"))
+            .collect();
         println!(
-            "  {:<24} pid {:<8} {:<8} {}",
+            "  {:<24} pid {:<8} {running:<8} {}",
             process.component,
             process.pid,
-            if process.is_running() {
-                "running"
-            } else {
-                "stopped"
-            },
-            port.map(|(_, port)| format!("127.0.0.1:{port}"))
-                .unwrap_or_default()
+            listens.join(" ")
         );
     }
     let running = processes.iter().filter(|p| p.is_running()).count();

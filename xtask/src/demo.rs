@@ -1,27 +1,236 @@
-//! `cargo xtask demo`: the README's first command.
+//! `cargo xtask demo`: the README's first command. Builds the plugins and the host,
+//! starts a local control plane, runs `capstan run` with the shipped plugins, applies the
+//! samples and shows them reconciled; then keeps running until interrupted (`--once`:
+//! stop right after showing). Everything it started is stopped on the way out.
 
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 
-use crate::{build_plugins, root, run_cmd};
+use crate::{build_plugins, cargo, cluster, root, run_cmd, target_dir};
 
-/// Builds the plugins and renders the sample Uuid offline.
-pub fn main(_args: &[String]) -> Result<()> {
+/// Where the demo's capstan serves its endpoints.
+const METRICS_ADDR: &str = "127.0.0.1:18080";
+
+/// Runs the demo.
+pub fn main(args: &[String]) -> Result<()> {
+    let once = match args {
+        [] => false,
+        [flag] if flag == "--once" => true,
+        _ => bail!("usage: cargo xtask demo [--once]"),
+    };
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let flag = interrupted.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("install Ctrl-C handler")?;
+
     let built = build_plugins()?;
-    run_cmd(
-        Command::new("cargo")
+    run_cmd(cargo().args(["build", "--package", "capstan", "--bin", "capstan"]))?;
+    let cluster = cluster::up(&cluster::UpOptions::default())?;
+    let result = demo(&cluster, &built.plugins, once, &interrupted);
+    eprintln!("demo: stopping the cluster");
+    let stopped = cluster::down(&cluster.state_dir);
+    result.and(stopped)
+}
+
+fn demo(
+    cluster: &cluster::Cluster,
+    plugins: &Path,
+    once: bool,
+    interrupted: &AtomicBool,
+) -> Result<()> {
+    let log_path = target_dir().join("demo-capstan.log");
+    let mut capstan = Capstan::start(cluster, plugins, &log_path)?;
+    eprintln!("demo: capstan runs (log: {})", log_path.display());
+    let kubectl = Kubectl {
+        bin: cluster.bin_dir.join("kubectl"),
+        kubeconfig: cluster.kubeconfig.clone(),
+    };
+
+    let samples = root().join("crds/samples");
+    wait(
+        "the sample resources to be accepted",
+        Duration::from_secs(60),
+        &mut capstan,
+        || {
+            Ok(kubectl
+                .run(&["apply", "-f", &samples.to_string_lossy()])
+                .is_ok())
+        },
+    )?;
+    wait(
+        "the Uuid to get its UUID",
+        Duration::from_secs(60),
+        &mut capstan,
+        || {
+            Ok(!kubectl
+                .run(&[
+                    "get",
+                    "uuid",
+                    "-A",
+                    "-o",
+                    "jsonpath={.items[*].status.uuid}",
+                ])?
+                .trim()
+                .is_empty())
+        },
+    )?;
+    if samples.join("postgresqlcluster.yaml").exists() {
+        wait(
+            "the PostgreSQLCluster to be Running",
+            Duration::from_secs(180),
+            &mut capstan,
+            || {
+                let phases = kubectl.run(&[
+                    "get",
+                    "pgc",
+                    "-A",
+                    "-o",
+                    "jsonpath={.items[*].status.phase}",
+                ])?;
+                Ok(!phases.trim().is_empty() && phases.split_whitespace().all(|p| p == "Running"))
+            },
+        )?;
+    }
+    println!(
+        "\n$ kubectl get uuid\n{}",
+        kubectl.run(&["get", "uuid", "-A"])?
+    );
+    if samples.join("postgresqlcluster.yaml").exists() {
+        println!("$ kubectl get pgc\n{}", kubectl.run(&["get", "pgc", "-A"])?);
+    }
+    println!(
+        "The cluster: export KUBECONFIG={}\nkubectl: {}\ncapstan's endpoints: http://{METRICS_ADDR}/metrics and /plugins",
+        cluster.kubeconfig.display(),
+        kubectl.bin.display()
+    );
+    if once {
+        return capstan.stop();
+    }
+    println!("\nRunning; press Ctrl-C to stop capstan and the cluster.");
+    while !interrupted.load(Ordering::SeqCst) {
+        if let Some(status) = capstan.child.try_wait()? {
+            bail!("capstan exited ({status}); see {}", log_path.display());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    capstan.stop()
+}
+
+/// Polls `check` until it holds, failing after `timeout` or if capstan dies.
+fn wait(
+    what: &str,
+    timeout: Duration,
+    capstan: &mut Capstan,
+    mut check: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    eprintln!("demo: waiting for {what}");
+    let start = Instant::now();
+    loop {
+        if let Some(status) = capstan.child.try_wait()? {
+            bail!(
+                "capstan exited ({status}) while waiting for {what}; see {}",
+                capstan.log.display()
+            );
+        }
+        if check().unwrap_or(false) {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            bail!(
+                "timed out after {timeout:?} waiting for {what}; capstan's log: {}",
+                capstan.log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+struct Capstan {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Capstan {
+    fn start(cluster: &cluster::Cluster, plugins: &Path, log: &Path) -> Result<Self> {
+        let file =
+            std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+        let child = Command::new(target_dir().join("debug/capstan"))
             .args([
                 "run",
-                "--quiet",
-                "--package",
-                "capstan",
-                "--",
-                "render",
-                "--plugin",
+                "--install-crds",
+                "--metrics-addr",
+                METRICS_ADDR,
+                "--plugins",
             ])
-            .arg(built.plugins.join("uuid.wasm"))
-            .arg("--parent")
-            .arg(root().join("crds/samples/uuid.yaml")),
-    )
+            .arg(plugins)
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("CAPSTAN_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .context("start capstan run")?;
+        Ok(Capstan {
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// SIGTERM through the shell's `kill` (capstan shuts its controllers down on it), then SIGKILL.
+    fn stop(&mut self) -> Result<()> {
+        let _ = Command::new("sh")
+            .args([
+                "-c",
+                "kill -s TERM \"$1\"",
+                "sh",
+                &self.child.id().to_string(),
+            ])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for Capstan {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn run(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(&self.bin)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+            .with_context(|| format!("run {}", self.bin.display()))?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
 }

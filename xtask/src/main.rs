@@ -1,7 +1,7 @@
 //! Build automation for Capstan, reached as `cargo xtask <command>`.
 //!
-//! Only the standard library and `anyhow`: the xtask must compile in seconds on a fresh
-//! machine, before anything else is built.
+//! Only the standard library, `anyhow` and `ctrlc`: the xtask must compile in seconds on
+//! a fresh machine, before anything else is built.
 
 mod cluster;
 mod demo;
@@ -83,7 +83,8 @@ pub fn run_cmd(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn cargo() -> Command {
+/// `cargo`, as the one running the xtask.
+pub fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 

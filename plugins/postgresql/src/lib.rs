@@ -1,1 +1,265 @@
-//! placeholder
+//! The PostgreSQLCluster plugin: reconciles seed 004's `PostgreSQLCluster`
+//! (`db.example.com/v1alpha1`, short name `pgc`) into a primary and streaming standbys.
+//!
+//! Each cluster gets a credentials Secret (passwords generated once), a ConfigMap with
+//! the instances' scripts, a headless Service, a read-write Service (the primary, pod 0)
+//! and a read Service (every ready instance), a StatefulSet, a PodDisruptionBudget with
+//! more than one instance, and with `backupSchedule` a CronJob writing logical dumps to
+//! the claim `<name>-dumps`. There is no automatic failover. See docs/postgresql.md.
+//!
+//! A change the plugin cannot make to a running cluster (a major version, the storage
+//! size, an invalid schedule) is refused: the phase turns Failed with a reason, a
+//! Warning event is posted, and every child is returned exactly as the observed ones
+//! were built, so the host changes nothing and prunes nothing.
+
+#![forbid(unsafe_code)]
+
+pub mod cluster;
+pub mod credentials;
+pub mod cron;
+pub mod manifests;
+pub mod observed;
+pub mod quantity;
+pub mod spec;
+pub mod status;
+
+use std::time::Duration;
+
+use capstan_sdk::prelude::*;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use serde_json::Value;
+
+use crate::cluster::Cluster;
+use crate::credentials::Credentials;
+use crate::manifests::Children;
+use crate::observed::Running;
+use crate::spec::{ClusterSpec, Config, Refusal};
+use crate::status::{Assessment, ClusterStatus, Phase};
+
+/// The CRD of `PostgreSQLCluster`, from `crds/postgresqlcluster.yaml`.
+pub const CRD_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/crd.json"));
+
+/// How soon to look again while the cluster is not Running, so the phase converges
+/// even when no child changes.
+pub const REQUEUE_WHILE_CONVERGING: Duration = Duration::from_secs(10);
+
+/// The scripts the instances and the dump job run, shipped in the ConfigMap
+/// `<name>-scripts`. They read everything from the environment, so the plugin's tests
+/// run the very same text against PostgreSQL on loopback.
+pub mod scripts {
+    /// File name of the instances' entrypoint.
+    pub const ENTRYPOINT_FILE: &str = "entrypoint.sh";
+    /// The instances' entrypoint: initdb or pg_basebackup, then postgres.
+    pub const ENTRYPOINT: &str = include_str!("../scripts/entrypoint.sh");
+    /// File name of the dump script.
+    pub const DUMP_FILE: &str = "dump.sh";
+    /// The dump job's script: pg_dump, then keep the newest dumps.
+    pub const DUMP: &str = include_str!("../scripts/dump.sh");
+}
+
+/// The plugin.
+pub struct PostgresPlugin;
+
+impl Plugin for PostgresPlugin {
+    fn describe() -> PluginInfo {
+        PluginInfo::new(
+            "postgresql",
+            env!("CARGO_PKG_VERSION"),
+            KindRef::namespaced(
+                "db.example.com",
+                "v1alpha1",
+                "PostgreSQLCluster",
+                "postgresqlclusters",
+            ),
+        )
+        .child(KindRef::of::<Secret>())
+        .child(KindRef::of::<ConfigMap>())
+        .child(KindRef::of::<Service>())
+        .child(KindRef::of::<StatefulSet>())
+        .child(KindRef::of::<PodDisruptionBudget>())
+        .child(KindRef::of::<CronJob>())
+        .child(KindRef::of::<PersistentVolumeClaim>())
+        .crd_json(CRD_JSON)
+    }
+
+    fn reconcile(ctx: &Context) -> Result<Desired, Error> {
+        let cluster = Cluster::new(ctx.name(), ctx.namespace())?;
+        let spec: ClusterSpec = ctx.spec()?;
+        let wanted = Config::from_spec(&spec)?;
+        let running = Running::observe(ctx, &cluster)?;
+        match spec::check(&wanted, running.config.as_ref()) {
+            Ok(()) => apply(ctx, &cluster, &wanted, &running),
+            Err(refusal) => refuse(ctx, &cluster, refusal, &running),
+        }
+    }
+}
+
+/// The spec can be applied: every child built from it, and the phase it has reached.
+fn apply(
+    ctx: &Context,
+    cluster: &Cluster,
+    wanted: &Config,
+    running: &Running,
+) -> Result<Desired, Error> {
+    let mut desired = Desired::new();
+    let credentials = credentials_for(ctx, cluster, &mut desired)?;
+    Children::build(
+        cluster,
+        wanted,
+        credentials.secret(cluster),
+        running.dumps_storage.as_deref(),
+    )
+    .add_to(&mut desired)?;
+
+    if let Some(before) = &running.config {
+        if before.version != wanted.version {
+            desired.event(Event::normal(
+                "VersionChanged",
+                format!(
+                    "rolling the instances from PostgreSQL {} to {}",
+                    before.version, wanted.version
+                ),
+            ));
+        }
+        if before.replicas != wanted.replicas {
+            desired.event(Event::normal(
+                "Scaled",
+                format!(
+                    "scaling from {} to {} instance(s)",
+                    before.replicas, wanted.replicas
+                ),
+            ));
+        }
+    }
+    let assessment = status::assess(
+        running.statefulset.as_ref(),
+        wanted,
+        running.config.as_ref(),
+    );
+    report(ctx, cluster, &assessment, &mut desired)?;
+    if assessment.phase != Phase::Running {
+        desired.requeue_after(REQUEUE_WHILE_CONVERGING);
+    }
+    Ok(desired)
+}
+
+/// The spec cannot be applied: every child as it was, phase Failed, and a Warning.
+fn refuse(
+    ctx: &Context,
+    cluster: &Cluster,
+    refusal: Refusal,
+    running: &Running,
+) -> Result<Desired, Error> {
+    let mut desired = Desired::new();
+    match &running.config {
+        Some(config) => {
+            let credentials = credentials_for(ctx, cluster, &mut desired)?;
+            Children::build(
+                cluster,
+                config,
+                credentials.secret(cluster),
+                running.dumps_storage.as_deref(),
+            )
+            .add_to(&mut desired)?;
+        }
+        None => {
+            // Nothing runs yet, so nothing is created; what holds data stays.
+            if let Some(credentials) = Credentials::observed(ctx, cluster)? {
+                desired.child(&credentials.secret(cluster))?;
+            }
+            if let Some(size) = &running.dumps_storage {
+                desired.child(&manifests::dumps_claim(cluster, size))?;
+            }
+        }
+    }
+    let assessment = Assessment {
+        phase: Phase::Failed,
+        ready: status::ready_replicas(running.statefulset.as_ref()),
+        reason: refusal.reason,
+        message: refusal.message,
+    };
+    report(ctx, cluster, &assessment, &mut desired)?;
+    Ok(desired)
+}
+
+/// The observed credentials, or new ones (with an event) when the Secret is absent.
+fn credentials_for(
+    ctx: &Context,
+    cluster: &Cluster,
+    desired: &mut Desired,
+) -> Result<Credentials, Error> {
+    if let Some(credentials) = Credentials::observed(ctx, cluster)? {
+        return Ok(credentials);
+    }
+    let credentials = Credentials::generate()?;
+    capstan_sdk::info!(
+        "generated credentials for {}/{}",
+        cluster.namespace(),
+        cluster.name()
+    );
+    desired.event(Event::normal(
+        "CredentialsCreated",
+        format!("generated passwords in Secret {}", cluster.credentials()),
+    ));
+    Ok(credentials)
+}
+
+/// Status, the `Ready` condition, and an event when the phase or its reason changes.
+fn report(
+    ctx: &Context,
+    cluster: &Cluster,
+    assessment: &Assessment,
+    desired: &mut Desired,
+) -> Result<(), Error> {
+    desired.status(&ClusterStatus {
+        phase: assessment.phase,
+        ready_replicas: assessment.ready,
+        primary_endpoint: cluster.primary_endpoint(),
+    })?;
+    desired.condition(Condition::new(
+        "Ready",
+        assessment.phase == Phase::Running,
+        assessment.reason,
+        assessment.message.clone(),
+    ));
+    let (phase_before, reason_before) = previous(ctx);
+    let phase = format!("{:?}", assessment.phase);
+    if phase_before.as_deref() != Some(phase.as_str())
+        || reason_before.as_deref() != Some(assessment.reason)
+    {
+        desired.event(if assessment.phase == Phase::Failed {
+            Event::warning(assessment.reason, assessment.message.clone())
+        } else {
+            Event::normal(
+                assessment.reason,
+                format!("{phase}: {}", assessment.message),
+            )
+        });
+    }
+    Ok(())
+}
+
+/// The phase and `Ready` reason in the parent's current status.
+fn previous(ctx: &Context) -> (Option<String>, Option<String>) {
+    let status = ctx.parent().get("status");
+    let phase = status
+        .and_then(|s| s.get("phase"))
+        .and_then(Value::as_str)
+        .map(String::from);
+    let reason = status
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+        })
+        .and_then(|c| c.get("reason"))
+        .and_then(Value::as_str)
+        .map(String::from);
+    (phase, reason)
+}
+
+capstan_sdk::export_plugin!(PostgresPlugin);

@@ -1,6 +1,7 @@
 // Command capstan-pki makes the credentials of one local test control plane: a CA, the
-// apiserver's serving certificate, the service-account signing key pair, and a client
-// certificate plus kubeconfig for each component that talks to the apiserver.
+// apiserver's serving certificate, the service-account signing key pair, the front
+// proxy's CA and client certificate, and a client certificate plus kubeconfig for each
+// component that talks to the apiserver.
 //
 // It uses only the Go standard library, so it builds wherever Go does; `cargo xtask
 // cluster up` runs it once per state directory. Every key is new: two clusters never
@@ -77,6 +78,21 @@ func run(dir, server, clusterName, serviceIP string) error {
 	w.cert("ca.crt", ca)
 	w.key("ca.key", caKey)
 
+	// A separate CA for the aggregation layer's front proxy, as kubeadm makes: the
+	// apiserver trusts X-Remote-User headers only from the client that it signs.
+	proxyCA, proxyCAKey, err := newCA(clusterName + "-front-proxy")
+	if err != nil {
+		return err
+	}
+	w.cert("front-proxy-ca.crt", proxyCA)
+	w.key("front-proxy-ca.key", proxyCAKey)
+	proxyClient, proxyClientKey, err := newClientCert(proxyCA, proxyCAKey, client{user: "front-proxy-client"})
+	if err != nil {
+		return err
+	}
+	w.cert("front-proxy-client.crt", proxyClient)
+	w.key("front-proxy-client.key", proxyClientKey)
+
 	serving, servingKey, err := newServingCert(ca, caKey, serviceIP)
 	if err != nil {
 		return err
@@ -104,8 +120,8 @@ func run(dir, server, clusterName, serviceIP string) error {
 	return w.err
 }
 
-func newCA(clusterName string) (*x509.Certificate, crypto.Signer, error) {
-	tmpl := template(pkix.Name{CommonName: clusterName + "-ca"})
+func newCA(name string) (*x509.Certificate, crypto.Signer, error) {
+	tmpl := template(pkix.Name{CommonName: name + "-ca"})
 	tmpl.IsCA = true
 	tmpl.BasicConstraintsValid = true
 	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature

@@ -1,1 +1,180 @@
-//! Helpers shared by the end-to-end tests.
+//! Helpers shared by the end-to-end tests: a client for the local control plane, a
+//! temporary namespace per test, polling with a timeout, and the `capstan` operator
+//! process under test.
+//!
+//! The tests need a real cluster: `cargo xtask test` starts one and sets `KUBECONFIG`.
+//! Without it they fail with a message saying so; they never skip.
+
+pub mod operator;
+
+use std::future::Future;
+use std::hash::BuildHasher as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+
+/// A client for the cluster the test command started (`KUBECONFIG`).
+pub async fn client() -> Client {
+    let Some(path) = std::env::var_os("KUBECONFIG") else {
+        panic!(
+            "no cluster: KUBECONFIG is not set. Run the end-to-end tests with `cargo xtask test`, which starts a local control plane"
+        );
+    };
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read KUBECONFIG {}: {e}",
+            std::path::Path::new(&path).display()
+        )
+    });
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("usable kubeconfig");
+    let client = Client::try_from(config).expect("client");
+    client.apiserver_version().await.unwrap_or_else(|e| {
+        panic!("no cluster: the API server in KUBECONFIG does not answer: {e}")
+    });
+    client
+}
+
+/// A namespace that lives as long as the test; deleted (in the background) on drop.
+pub struct TestNamespace {
+    /// Its name.
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    /// Creates `<prefix>-<random>`.
+    pub async fn new(client: &Client, prefix: &str) -> Self {
+        let suffix = format!(
+            "{:x}",
+            std::collections::hash_map::RandomState::new().hash_one(Instant::now()) % 0xffffff
+        );
+        let name = format!("{prefix}-{suffix}");
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        TestNamespace {
+            name,
+            client: client.clone(),
+        }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let api = Api::<Namespace>::all(self.client.clone());
+        let name = self.name.clone();
+        // Best effort, without blocking the runtime the test is dropped in.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = api.delete(&name, &DeleteParams::background()).await;
+            });
+        }
+    }
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, or fails after `timeout` with
+/// `what` and the last error seen.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let start = Instant::now();
+    let mut last = String::from("condition not met");
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Checks that `check` keeps returning true for the whole of `period` (for "nothing
+/// happens" assertions, which are only meaningful over a span of time).
+pub async fn holds_for<F, Fut>(what: &str, period: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let start = Instant::now();
+    while start.elapsed() < period {
+        if !check().await.with_context(|| what.to_string())? {
+            bail!("{what} stopped holding after {:?}", start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+// Helpers for the control-plane smoke tests (tests/smoke.rs), usable by any test.
+
+impl TestNamespace {
+    /// Deletes the namespace and waits until the namespace controller has removed it
+    /// with everything in it (unlike the best-effort delete on drop, which a test's
+    /// runtime may cancel when the test returns).
+    pub async fn delete(self, timeout: Duration) -> Result<()> {
+        let api = Api::<Namespace>::all(self.client.clone());
+        match api.delete(&self.name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("delete namespace {}", self.name)),
+        }
+        let what = format!("namespace {} to be gone", self.name);
+        wait_for(&what, timeout, || async {
+            match api.get_opt(&self.name).await? {
+                Some(_) => Ok(None),
+                None => Ok(Some(())),
+            }
+        })
+        .await
+    }
+}
+
+/// Runs `test` with a client and a fresh namespace named `<prefix>-<random>`, then
+/// deletes the namespace (waiting up to `cleanup` for it to be gone) whether the test
+/// passed or not. The test's own error wins over a cleanup error.
+pub async fn in_test_namespace<T>(
+    prefix: &str,
+    cleanup: Duration,
+    test: impl AsyncFnOnce(Client, String) -> Result<T>,
+) -> Result<T> {
+    let client = client().await;
+    let namespace = TestNamespace::new(&client, prefix).await;
+    let outcome = test(client, namespace.name.clone()).await;
+    let deleted = namespace.delete(cleanup).await;
+    let value = outcome?;
+    deleted?;
+    Ok(value)
+}
+
+/// A client for the same cluster as [`client`], authenticated only by `token` (e.g. a
+/// ServiceAccount token from the TokenRequest API) instead of the admin certificate.
+pub async fn client_with_token(token: &str) -> Result<Client> {
+    let mut config = kube::Config::infer().await.context("read KUBECONFIG")?;
+    // Replacing auth_info drops the admin client certificate along with everything else.
+    config.auth_info = serde_json::from_value(serde_json::json!({ "token": token }))?;
+    Client::try_from(config).context("build a token client")
+}
+
+/// Whether `err` is the API server's 403 Forbidden.
+pub fn is_forbidden(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.is_forbidden())
+}
+
+/// Whether `err` is the API server's 404 Not Found.
+pub fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.is_not_found())
+}

@@ -49,7 +49,8 @@ impl StateDir {
                 self.root.display()
             );
         }
-        for dir in [self.pki(), self.logs(), self.etcd_data(), self.volumes()] {
+        // Not etcd's data directory: etcd makes it itself, private (0700).
+        for dir in [self.pki(), self.logs(), self.volumes()] {
             fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         }
         fs::write(self.root.join(MARKER), "").context("write the state marker")

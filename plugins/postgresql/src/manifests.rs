@@ -1,0 +1,545 @@
+//! The children of a cluster, built from a [`Config`]: pure functions, so the same
+//! configuration always gives byte-for-byte the same manifests.
+//!
+//! Names and namespaces of the children and their ownerReferences are left to the host.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+};
+use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, JobSpec, JobTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecurityContext, Service,
+    ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::cluster::{Cluster, PORT};
+use crate::credentials::keys;
+use crate::observed::{DATA_VOLUME, STORAGE_ANNOTATION, VERSION_ANNOTATION};
+use crate::scripts;
+use crate::spec::Config;
+
+/// User and group of `postgres` in the official (Debian-based) `postgres` images.
+pub const POSTGRES_UID: i64 = 999;
+/// Where each instance's volume is mounted.
+pub const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+/// PGDATA: a subdirectory of the volume, so that initdb finds it empty and owns it
+/// even when the volume's root holds `lost+found` or has other permissions.
+pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
+/// Where the scripts ConfigMap is mounted.
+pub const SCRIPTS_MOUNT: &str = "/scripts";
+/// Where the dumps claim is mounted in the dump job.
+pub const DUMPS_MOUNT: &str = "/dumps";
+/// How many dumps the dump job keeps.
+pub const DUMPS_KEPT: u32 = 7;
+
+/// Every child of a cluster that runs `config`, in the order they are applied.
+/// `dumps_storage` is the size of an existing dumps claim, kept as it is.
+pub struct Children {
+    /// The credentials Secret, built by the caller.
+    pub secret: k8s_openapi::api::core::v1::Secret,
+    /// The scripts ConfigMap.
+    pub scripts: ConfigMap,
+    /// Headless, read-write and read Services.
+    pub services: [Service; 3],
+    /// The instances.
+    pub statefulset: StatefulSet,
+    /// With more than one instance.
+    pub disruption_budget: Option<PodDisruptionBudget>,
+    /// With a backup schedule.
+    pub dump_job: Option<CronJob>,
+    /// With a backup schedule, or when it already exists.
+    pub dumps: Option<PersistentVolumeClaim>,
+}
+
+impl Children {
+    /// Builds them.
+    pub fn build(
+        cluster: &Cluster,
+        config: &Config,
+        secret: k8s_openapi::api::core::v1::Secret,
+        dumps_storage: Option<&str>,
+    ) -> Self {
+        let dumps = match (dumps_storage, &config.schedule) {
+            (Some(size), _) => Some(dumps_claim(cluster, size)),
+            (None, Some(_)) => Some(dumps_claim(cluster, &config.storage)),
+            (None, None) => None,
+        };
+        Children {
+            secret,
+            scripts: scripts_config_map(cluster),
+            services: [
+                headless_service(cluster),
+                read_write_service(cluster),
+                read_service(cluster),
+            ],
+            statefulset: statefulset(cluster, config),
+            disruption_budget: (config.replicas > 1).then(|| disruption_budget(cluster)),
+            dump_job: config
+                .schedule
+                .as_deref()
+                .map(|s| dump_job(cluster, config, s)),
+            dumps,
+        }
+    }
+
+    /// Adds every child to `desired`.
+    pub fn add_to(self, desired: &mut capstan_sdk::Desired) -> Result<(), capstan_sdk::Error> {
+        desired.child(&self.secret)?.child(&self.scripts)?;
+        for service in &self.services {
+            desired.child(service)?;
+        }
+        desired.child(&self.statefulset)?;
+        if let Some(pdb) = &self.disruption_budget {
+            desired.child(pdb)?;
+        }
+        if let Some(job) = &self.dump_job {
+            desired.child(job)?;
+        }
+        if let Some(claim) = &self.dumps {
+            desired.child(claim)?;
+        }
+        Ok(())
+    }
+}
+
+fn meta(name: String, cluster: &Cluster) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        labels: Some(cluster.instance_labels()),
+        ..Default::default()
+    }
+}
+
+fn selector(labels: BTreeMap<String, String>) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(labels),
+        ..Default::default()
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn secret_env(cluster: &Cluster, name: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: cluster.credentials(),
+                key: key.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// `APP_*` for both scripts, from the Secret.
+fn app_env(cluster: &Cluster) -> Vec<EnvVar> {
+    vec![
+        secret_env(cluster, "APP_USER", keys::USERNAME),
+        secret_env(cluster, "APP_PASSWORD", keys::PASSWORD),
+        secret_env(cluster, "APP_DATABASE", keys::DBNAME),
+    ]
+}
+
+fn image(config: &Config) -> String {
+    format!("postgres:{}", config.version)
+}
+
+fn port() -> ServicePort {
+    ServicePort {
+        name: Some("postgresql".into()),
+        port: i32::from(PORT),
+        target_port: Some(IntOrString::String("postgresql".into())),
+        ..Default::default()
+    }
+}
+
+fn bash(script: &str) -> Vec<String> {
+    vec!["bash".into(), format!("{SCRIPTS_MOUNT}/{script}")]
+}
+
+fn scripts_config_map(cluster: &Cluster) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(cluster.scripts(), cluster),
+        data: Some(BTreeMap::from([
+            (scripts::ENTRYPOINT_FILE.into(), scripts::ENTRYPOINT.into()),
+            (scripts::DUMP_FILE.into(), scripts::DUMP.into()),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// Governs the StatefulSet: gives each pod a DNS name (`<name>-0.<name>`), also before
+/// it is ready, so a restarting standby can reach its primary.
+fn headless_service(cluster: &Cluster) -> Service {
+    Service {
+        metadata: meta(cluster.name().into(), cluster),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(cluster.instance_labels()),
+            ports: Some(vec![port()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Reads and writes: the primary, pod 0, only.
+fn read_write_service(cluster: &Cluster) -> Service {
+    let mut selector = cluster.instance_labels();
+    selector.insert(
+        "statefulset.kubernetes.io/pod-name".into(),
+        cluster.primary_pod(),
+    );
+    Service {
+        metadata: meta(cluster.read_write(), cluster),
+        spec: Some(ServiceSpec {
+            selector: Some(selector),
+            ports: Some(vec![port()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Reads: every ready instance, the primary included.
+fn read_service(cluster: &Cluster) -> Service {
+    Service {
+        metadata: meta(cluster.read(), cluster),
+        spec: Some(ServiceSpec {
+            selector: Some(cluster.instance_labels()),
+            ports: Some(vec![port()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn statefulset(cluster: &Cluster, config: &Config) -> StatefulSet {
+    let mut metadata = meta(cluster.name().into(), cluster);
+    metadata.annotations = Some(BTreeMap::from([
+        (VERSION_ANNOTATION.into(), config.version.to_string()),
+        (STORAGE_ANNOTATION.into(), config.storage.clone()),
+    ]));
+    StatefulSet {
+        metadata,
+        spec: StatefulSetSpec {
+            replicas: Some(config.replicas),
+            service_name: Some(cluster.name().into()),
+            selector: selector(cluster.instance_labels()),
+            // Pod n+1 starts once pod n is ready: a standby copies a running primary.
+            pod_management_policy: Some("OrderedReady".into()),
+            persistent_volume_claim_retention_policy: Some(
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some("Retain".into()),
+                    when_scaled: Some("Retain".into()),
+                },
+            ),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(cluster.instance_labels()),
+                    ..Default::default()
+                }),
+                spec: Some(instance_pod(cluster, config)),
+            },
+            volume_claim_templates: Some(vec![PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    name: Some(DATA_VOLUME.into()),
+                    labels: Some(cluster.instance_labels()),
+                    ..Default::default()
+                },
+                spec: Some(claim_spec(&config.storage)),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn instance_pod(cluster: &Cluster, config: &Config) -> PodSpec {
+    let mut env = vec![
+        EnvVar {
+            name: "POD_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        env("PGDATA", PGDATA),
+        env("PG_PORT", PORT.to_string()),
+        env("PRIMARY_HOST", cluster.primary_pod_host()),
+        env("PRIMARY_PORT", PORT.to_string()),
+    ];
+    env.extend(app_env(cluster));
+    env.extend([
+        secret_env(cluster, "REPLICATION_USER", keys::REPLICATION_USERNAME),
+        secret_env(cluster, "REPLICATION_PASSWORD", keys::REPLICATION_PASSWORD),
+    ]);
+    let container = Container {
+        name: "postgres".into(),
+        image: Some(image(config)),
+        command: Some(bash(scripts::ENTRYPOINT_FILE)),
+        ports: Some(vec![ContainerPort {
+            name: Some("postgresql".into()),
+            container_port: i32::from(PORT),
+            ..Default::default()
+        }]),
+        env: Some(env),
+        readiness_probe: Some(Probe {
+            exec: Some(ExecAction {
+                command: Some(
+                    [
+                        "pg_isready",
+                        "-q",
+                        "-h",
+                        "127.0.0.1",
+                        "-p",
+                        &PORT.to_string(),
+                    ]
+                    .map(String::from)
+                    .to_vec(),
+                ),
+            }),
+            period_seconds: Some(5),
+            timeout_seconds: Some(5),
+            failure_threshold: Some(3),
+            ..Default::default()
+        }),
+        // A fast shutdown (abort transactions, checkpoint) rather than waiting for
+        // every client to leave, so restarts and rollouts do not run into SIGKILL.
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec![
+                        "bash".into(),
+                        "-c".into(),
+                        "pg_ctl -D \"$PGDATA\" -m fast -w -t 50 stop || true".into(),
+                    ]),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            mount(DATA_VOLUME, DATA_MOUNT, false),
+            mount("scripts", SCRIPTS_MOUNT, true),
+            mount("shm", "/dev/shm", false),
+        ]),
+        security_context: Some(container_security()),
+        ..Default::default()
+    };
+    PodSpec {
+        containers: vec![container],
+        security_context: Some(pod_security()),
+        termination_grace_period_seconds: Some(60),
+        affinity: Some(spread_across_nodes(cluster)),
+        volumes: Some(vec![
+            scripts_volume(cluster),
+            Volume {
+                name: "shm".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".into()),
+                    size_limit: Some(Quantity("256Mi".into())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+fn scripts_volume(cluster: &Cluster) -> Volume {
+    Volume {
+        name: "scripts".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: cluster.scripts(),
+            default_mode: Some(0o555),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Runs as `postgres`, never as root; the volume is group-owned by it.
+fn pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_user: Some(POSTGRES_UID),
+        run_as_group: Some(POSTGRES_UID),
+        fs_group: Some(POSTGRES_UID),
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn container_security() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Prefer one instance per node, so that losing a node loses one instance; when there
+/// are fewer nodes than instances they share.
+fn spread_across_nodes(cluster: &Cluster) -> Affinity {
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: Some(selector(cluster.instance_labels())),
+                        topology_key: "kubernetes.io/hostname".into(),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn claim_spec(storage: &str) -> PersistentVolumeClaimSpec {
+    PersistentVolumeClaimSpec {
+        access_modes: Some(vec!["ReadWriteOnce".into()]),
+        resources: Some(VolumeResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "storage".into(),
+                Quantity(storage.into()),
+            )])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn disruption_budget(cluster: &Cluster) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(cluster.name().into(), cluster),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(selector(cluster.instance_labels())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The claim the dumps go to, of `storage` (an instance's volume size when new).
+pub fn dumps_claim(cluster: &Cluster, storage: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: meta(cluster.dumps(), cluster),
+        spec: Some(claim_spec(storage)),
+        ..Default::default()
+    }
+}
+
+/// `pg_dump` of the application database through the read-write Service, on schedule.
+fn dump_job(cluster: &Cluster, config: &Config, schedule: &str) -> CronJob {
+    let mut env = vec![
+        env("DUMP_HOST", cluster.read_write()),
+        env("DUMP_PORT", PORT.to_string()),
+        env("DUMP_DIR", DUMPS_MOUNT),
+        env("DUMP_PREFIX", cluster.name()),
+        env("DUMP_KEEP", DUMPS_KEPT.to_string()),
+    ];
+    env.extend(app_env(cluster));
+    let container = Container {
+        name: "dump".into(),
+        // The instances' image: pg_dump of the server's own version.
+        image: Some(image(config)),
+        command: Some(bash(scripts::DUMP_FILE)),
+        env: Some(env),
+        volume_mounts: Some(vec![
+            mount("dumps", DUMPS_MOUNT, false),
+            mount("scripts", SCRIPTS_MOUNT, true),
+        ]),
+        security_context: Some(container_security()),
+        ..Default::default()
+    };
+    let pod = PodSpec {
+        containers: vec![container],
+        restart_policy: Some("Never".into()),
+        security_context: Some(pod_security()),
+        volumes: Some(vec![
+            Volume {
+                name: "dumps".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: cluster.dumps(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            scripts_volume(cluster),
+        ]),
+        ..Default::default()
+    };
+    CronJob {
+        metadata: meta(cluster.dump_job(), cluster),
+        spec: CronJobSpec {
+            schedule: schedule.into(),
+            concurrency_policy: Some("Forbid".into()),
+            successful_jobs_history_limit: Some(3),
+            failed_jobs_history_limit: Some(3),
+            job_template: JobTemplateSpec {
+                metadata: None,
+                spec: Some(JobSpec {
+                    backoff_limit: Some(2),
+                    template: PodTemplateSpec {
+                        metadata: Some(ObjectMeta {
+                            labels: Some(cluster.dump_labels()),
+                            ..Default::default()
+                        }),
+                        spec: Some(pod),
+                    },
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}

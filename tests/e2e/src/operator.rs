@@ -1,0 +1,227 @@
+//! The `capstan run` process under test: started with a plugin directory of its own,
+//! restricted to the test's namespace, killed by PID when dropped (also on failure).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use crate::wait_for;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn built(env: &str, default: &str, file: &str) -> PathBuf {
+    let dir = std::env::var_os(env)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(default));
+    let path = dir.join(file);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo xtask test`",
+        path.display()
+    );
+    path
+}
+
+/// A shipped plugin, e.g. `plugin("uuid")`.
+pub fn plugin(name: &str) -> PathBuf {
+    built(
+        "CAPSTAN_PLUGIN_DIR",
+        "target/plugins",
+        &format!("{name}.wasm"),
+    )
+}
+
+/// A test plugin, e.g. `test_plugin("widget")`.
+pub fn test_plugin(name: &str) -> PathBuf {
+    built(
+        "CAPSTAN_TEST_PLUGIN_DIR",
+        "target/test-plugins",
+        &format!("{name}.wasm"),
+    )
+}
+
+/// The same Uuid plugin built by `cargo component build`: other bytes, same behaviour,
+/// so it stands in for "a new version" in hot-reload tests.
+pub fn uuid_other_build() -> PathBuf {
+    std::env::var_os("CAPSTAN_COMPONENT_PLUGIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/wasm32-wasip1/release/capstan_plugin_uuid.wasm"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `capstan run`.
+pub struct Operator {
+    child: Option<Child>,
+    /// The plugin directory it serves.
+    pub plugins: tempfile::TempDir,
+    namespace: String,
+    port: u16,
+    extra: Vec<String>,
+    log: PathBuf,
+}
+
+impl Operator {
+    /// Starts `capstan run` on a fresh plugin directory holding `plugins` (copied in
+    /// under their file names), watching only `namespace`.
+    pub async fn start(namespace: &str, plugins: &[&Path], extra: &[&str]) -> Operator {
+        let dir = tempfile::tempdir().unwrap();
+        for p in plugins {
+            std::fs::copy(p, dir.path().join(p.file_name().unwrap())).unwrap();
+        }
+        let log = std::env::temp_dir().join(format!("capstan-e2e-{namespace}.log"));
+        let mut op = Operator {
+            child: None,
+            plugins: dir,
+            namespace: namespace.into(),
+            port: free_port(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            log,
+        };
+        op.spawn().await;
+        op
+    }
+
+    async fn spawn(&mut self) {
+        let bin = std::env::var_os("CAPSTAN_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root().join("target/debug/capstan"));
+        assert!(
+            bin.exists(),
+            "{} is missing: run the tests with `cargo xtask test`",
+            bin.display()
+        );
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(bin)
+            .args([
+                "run",
+                "--install-crds",
+                "--poll-interval-ms",
+                "200",
+                "--namespace",
+                &self.namespace,
+            ])
+            .arg("--plugins")
+            .arg(self.plugins.path())
+            .args(["--metrics-addr", &format!("127.0.0.1:{}", self.port)])
+            .args(&self.extra)
+            .env("CAPSTAN_LOG", "info,capstan=debug")
+            .env(
+                "CAPSTAN_CACHE_DIR",
+                std::env::temp_dir().join("capstan-e2e-cache"),
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start capstan run");
+        self.child = Some(child);
+        let port = self.port;
+        wait_for(
+            "capstan run to be ready",
+            Duration::from_secs(60),
+            || async move {
+                Ok(http_get(port, "/readyz")
+                    .await
+                    .ok()
+                    .filter(|b| b.starts_with("ok")))
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}; log: {}", self.log_tail()));
+    }
+
+    /// Stops the process and starts it again with the same directory and port.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+
+    /// Kills the process (SIGKILL: a crash is the harder case for state on restart).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `GET /metrics`.
+    pub async fn metrics(&self) -> Result<String> {
+        http_get(self.port, "/metrics").await
+    }
+
+    /// A counter's value from `/metrics` (0 when absent).
+    pub async fn counter(&self, series: &str) -> Result<u64> {
+        let text = self.metrics().await?;
+        Ok(text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(series)
+                    .and_then(|rest| rest.trim().parse().ok())
+            })
+            .unwrap_or(0))
+    }
+
+    /// `GET /plugins`: the state of every plugin file.
+    pub async fn plugin_states(&self) -> Result<Vec<Value>> {
+        let body = http_get(self.port, "/plugins").await?;
+        serde_json::from_str(&body).context("parse /plugins")
+    }
+
+    /// The end of the operator's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// The whole log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A plain HTTP GET on loopback, returning the body.
+pub async fn http_get(port: u16, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP response")?;
+    anyhow::ensure!(
+        head.starts_with("HTTP/1.1 200"),
+        "{path}: {}",
+        head.lines().next().unwrap_or_default()
+    );
+    Ok(body.to_string())
+}
