@@ -126,7 +126,7 @@ pub fn up(opts: &UpOptions) -> Result<Cluster> {
     let state = StateDir::new(&opts.state_dir);
     let cluster = Cluster {
         kubeconfig: state.kubeconfig(),
-        state_dir: opts.state_dir.clone(),
+        state_dir: state.root().to_path_buf(),
         bin_dir: bin_dir.clone(),
     };
     if state.exists() {
@@ -172,11 +172,11 @@ fn start(bin: &Path, state: &StateDir, opts: &UpOptions) -> Result<()> {
     };
 
     run.spawn("etcd", components::etcd(bin, state, &ports))?;
-    run.wait("etcd to be healthy", || {
+    run.wait("etcd", "/health", || {
         bootstrap::etcd_healthy(ports.etcd_client)
     })?;
     run.spawn("kube-apiserver", components::apiserver(bin, state, &ports))?;
-    run.wait("kube-apiserver's /readyz", || kubectl.apiserver_ready())?;
+    run.wait("kube-apiserver", "/readyz", || kubectl.apiserver_ready())?;
 
     run.spawn(
         "kube-controller-manager",
@@ -187,18 +187,19 @@ fn start(bin: &Path, state: &StateDir, opts: &UpOptions) -> Result<()> {
     kubectl.create(&bootstrap::seed_manifest(opts.nodes, state))?;
 
     let nodes: Vec<String> = (0..opts.nodes).map(bootstrap::node_name).collect();
-    run.wait("the fake nodes to be Ready", || kubectl.nodes_ready(&nodes))?;
-    run.wait("the default ServiceAccount", || {
-        kubectl.service_account_exists("default", "default")
-    })?;
+    run.wait("kwok", "Ready nodes", || kubectl.nodes_ready(&nodes))?;
     run.wait(
-        "the controller-manager, scheduler and kwok to listen",
-        || {
-            [ports.controller_manager, ports.scheduler, ports.kwok]
-                .into_iter()
-                .all(bootstrap::listening)
-        },
+        "kube-controller-manager",
+        "the default ServiceAccount",
+        || kubectl.service_account_exists("default", "default"),
     )?;
+    for (component, port) in [
+        ("kube-controller-manager", ports.controller_manager),
+        ("kube-scheduler", ports.scheduler),
+        ("kwok", ports.kwok),
+    ] {
+        run.wait(component, "its port", || bootstrap::listening(port))?;
+    }
     Ok(())
 }
 
@@ -217,29 +218,26 @@ impl Startup<'_> {
         Ok(())
     }
 
-    /// Polls `ready` until it holds; fails early, naming the component, when a started
-    /// process exits, and names the newest component on a timeout.
-    fn wait(&self, what: &str, mut ready: impl FnMut() -> bool) -> Result<()> {
+    /// Polls `ready`, the sign that `component` works, until it holds. Fails early,
+    /// naming the process, when any started process exits, and names `component` when
+    /// the sign does not come in time.
+    fn wait(&self, component: &str, what: &str, mut ready: impl FnMut() -> bool) -> Result<()> {
         let started = Instant::now();
         loop {
             if ready() {
-                eprintln!("cluster: {what}: ok after {:.1?}", started.elapsed());
+                eprintln!(
+                    "cluster: {component}: {what} ok after {:.1?}",
+                    started.elapsed()
+                );
                 return Ok(());
             }
             if let Some(dead) = self.processes.iter().find(|p| !p.is_running()) {
-                let reason = format!("exited while waiting for {what}");
+                let reason = format!("exited while waiting for {component}'s {what}");
                 return Err(component_error(self.state, &dead.component, &reason));
             }
             if started.elapsed() > self.timeout {
-                let newest = self
-                    .processes
-                    .last()
-                    .map_or("etcd", |p| p.component.as_str());
-                let reason = format!(
-                    "still not ready after {:.0?} waiting for {what}",
-                    self.timeout
-                );
-                return Err(component_error(self.state, newest, &reason));
+                let reason = format!("gave no {what} within {:.0?}", self.timeout);
+                return Err(component_error(self.state, component, &reason));
             }
             thread::sleep(Duration::from_millis(250));
         }

@@ -112,11 +112,11 @@ impl PluginRegistry {
             .cloned()
             .collect();
         for path in gone {
-            if let Some(state) = self.files.remove(&path) {
-                if let Some((plugin, controller)) = state.serving {
-                    controller.stop().await;
-                    info!(file = %path.display(), plugin = %plugin.info().name, "plugin file removed: controller stopped, its resources left alone");
-                }
+            if let Some(state) = self.files.remove(&path)
+                && let Some((plugin, controller)) = state.serving
+            {
+                controller.stop().await;
+                info!(file = %path.display(), plugin = %plugin.info().name, "plugin file removed: controller stopped, its resources left alone");
             }
             self.metrics.remove_plugin(&path.display().to_string());
         }
@@ -169,13 +169,13 @@ impl PluginRegistry {
                 ),
             );
         }
-        if self.opts.install_crds {
-            if let Err(e) = install_crd(&self.client, &plugin).await {
-                return self.failed(
-                    path,
-                    format!("{}: cannot install the CRD: {e}", path.display()),
-                );
-            }
+        if self.opts.install_crds
+            && let Err(e) = install_crd(&self.client, &plugin).await
+        {
+            return self.failed(
+                path,
+                format!("{}: cannot install the CRD: {e}", path.display()),
+            );
         }
         let state = self.files.get_mut(path).expect("state exists");
         if let Some((old, controller)) = state.serving.take() {
@@ -234,19 +234,15 @@ fn wasm_files(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime)
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "wasm") {
-            // Follow symlinks: mounted volumes swap them.
-            if let Ok(meta) = std::fs::metadata(&path) {
-                if meta.is_file() {
-                    out.insert(
-                        path,
-                        (
-                            meta.len(),
-                            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                        ),
-                    );
-                }
-            }
+        if path.extension().is_none_or(|e| e != "wasm") {
+            continue;
+        }
+        // Follow symlinks: mounted volumes swap them.
+        if let Ok(meta) = std::fs::metadata(&path)
+            && meta.is_file()
+        {
+            let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            out.insert(path, (meta.len(), mtime));
         }
     }
     Ok(out)

@@ -91,7 +91,18 @@ impl Plugin for PostgresPlugin {
         let wanted = Config::from_spec(&spec)?;
         let running = Running::observe(ctx, &cluster)?;
         match spec::check(&wanted, running.config.as_ref()) {
-            Ok(()) => apply(ctx, &cluster, &wanted, &running),
+            Ok(()) => {
+                // The size is the same (checked), but keep the spelling it was created
+                // with: the claim template stays byte-for-byte as it is.
+                let wanted = match &running.config {
+                    Some(before) => Config {
+                        storage: before.storage.clone(),
+                        ..wanted
+                    },
+                    None => wanted,
+                };
+                apply(ctx, &cluster, &wanted, &running)
+            }
             Err(refusal) => refuse(ctx, &cluster, refusal, &running),
         }
     }
@@ -263,3 +274,6 @@ fn previous(ctx: &Context) -> (Option<String>, Option<String>) {
 }
 
 capstan_sdk::export_plugin!(PostgresPlugin);
+
+#[cfg(test)]
+mod tests;

@@ -187,6 +187,10 @@ macro_rules! export_plugin {
             }
         }
 
+        // Only components export the contract: in a native build (unit and integration
+        // tests) the export names, such as `capstan:plugin/reconciler@0.1.0#describe`,
+        // are not valid linker symbols and would break linking the cdylib.
+        #[cfg(target_arch = "wasm32")]
         $crate::bindings::__export_world!(__CapstanExport with_types_in $crate::bindings);
     };
 }

@@ -24,9 +24,13 @@ pub struct StateDir {
 }
 
 impl StateDir {
-    /// The state directory at `root` (which may not exist yet).
+    /// The state directory at `root` (which may not exist yet), made absolute: the
+    /// components get its paths, and `down` may run from another directory.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        let root = root.into();
+        Self {
+            root: std::path::absolute(&root).unwrap_or(root),
+        }
     }
 
     /// The directory itself.
