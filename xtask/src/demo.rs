@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{build_plugins, cargo, cluster, root, run_cmd, target_dir};
+use crate::{build_host, build_plugins, cluster, root, target_dir};
 
 /// Where the demo's capstan serves its endpoints.
 const METRICS_ADDR: &str = "127.0.0.1:18080";
@@ -29,7 +29,7 @@ pub fn main(args: &[String]) -> Result<()> {
         .context("install Ctrl-C handler")?;
 
     let built = build_plugins()?;
-    run_cmd(cargo().args(["build", "--package", "capstan", "--bin", "capstan"]))?;
+    build_host()?;
     let cluster = cluster::up(&cluster::UpOptions::default())?;
     let result = demo(&cluster, &built.plugins, once, &interrupted);
     eprintln!("demo: stopping the cluster");

@@ -125,12 +125,20 @@ pub fn build_plugins() -> Result<BuiltPlugins> {
     Ok(built)
 }
 
+/// Builds the `capstan` binary together with every test, through `cargo test --no-run`:
+/// one feature resolution for the demo and the tests, so wasmtime and kube are compiled
+/// once per machine rather than once per command.
+pub fn build_host() -> Result<PathBuf> {
+    run_cmd(cargo().args(["test", "--workspace", "--no-run"]))?;
+    Ok(target_dir().join("debug/capstan"))
+}
+
 /// `cargo xtask test`: builds what the tests need, starts a local control plane, runs
 /// every test with it, and stops it again, also when tests fail.
 fn test(args: &[String]) -> Result<()> {
     let built = build_plugins()?;
     let component_plugin = tools::build_with_cargo_component()?;
-    run_cmd(cargo().args(["build", "--package", "capstan", "--bin", "capstan"]))?;
+    build_host()?;
     let cluster = cluster::up(&cluster::UpOptions::for_tests())?;
     let result = run_cmd(
         cargo()

@@ -8,8 +8,8 @@ wasmtime::component::bindgen!({
     path: "../wit",
 });
 
-pub use capstan::plugin::log::{Host as LogHost, Level};
-use capstan::plugin::types as wit;
+pub use self::capstan::plugin::log::{Host as LogHost, Level};
+use self::capstan::plugin::types as wit;
 
 impl From<wit::KindRef> for contract::KindRef {
     fn from(k: wit::KindRef) -> Self {

@@ -237,9 +237,8 @@ fn report(
         assessment.message.clone(),
     ));
     let (phase_before, reason_before) = previous(ctx);
-    let phase = format!("{:?}", assessment.phase);
-    if phase_before.as_deref() != Some(phase.as_str())
-        || reason_before.as_deref() != Some(assessment.reason)
+    let phase = assessment.phase.as_str();
+    if phase_before.as_deref() != Some(phase) || reason_before.as_deref() != Some(assessment.reason)
     {
         desired.event(if assessment.phase == Phase::Failed {
             Event::warning(assessment.reason, assessment.message.clone())

@@ -134,7 +134,7 @@ impl Refusal {
     fn new(reason: &'static str, message: String) -> Self {
         Refusal {
             reason,
-            message: format!("{message}; the cluster is left as it was"),
+            message: format!("{message}; nothing was changed"),
         }
     }
 }
@@ -299,7 +299,7 @@ mod tests {
             assert_eq!(refusal.reason, reason);
             assert!(refusal.message.contains(why), "{}", refusal.message);
             assert!(
-                refusal.message.ends_with("the cluster is left as it was"),
+                refusal.message.ends_with("; nothing was changed"),
                 "{}",
                 refusal.message
             );

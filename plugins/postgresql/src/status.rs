@@ -19,6 +19,18 @@ pub enum Phase {
     Failed,
 }
 
+impl Phase {
+    /// The phase as written in the status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Degraded => "Degraded",
+            Phase::Failed => "Failed",
+        }
+    }
+}
+
 /// The plugin's status fields; the host adds `observedGeneration` and `conditions`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

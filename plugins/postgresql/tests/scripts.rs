@@ -1,5 +1,647 @@
-//! placeholder
+//! The plugin's own scripts, run for real outside Kubernetes: PostgreSQL from Debian's
+//! packages on loopback. A primary and a standby are bootstrapped by the entrypoint the
+//! ConfigMap ships; a row written on the primary is read on the standby; the standby
+//! refuses writes; a restarted primary takes its passwords from the environment and the
+//! standby streams again; the dump script's output restores into an empty server.
+//!
+//! Needs the Debian package `postgresql` (server binaries under
+//! /usr/lib/postgresql/<major>/bin). PostgreSQL refuses to run as root, so when the test
+//! runs as root the servers run as `nobody`, through `setpriv` (util-linux). Every
+//! process the test starts is stopped by its process group when the test ends, also
+//! when it fails.
+
+use std::fs;
+use std::net::TcpListener;
+use std::os::unix::fs::{MetadataExt, chown};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use capstan_plugin_postgresql::scripts;
+
+const APP_PASSWORD: &str = "AppPassw0rdFromTheSecret1234567";
+const NEW_APP_PASSWORD: &str = "RotatedPassw0rdFromTheSecret999";
+const REPLICATION_PASSWORD: &str = "Repl1cationPassw0rdFromTheSecre";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Where the PostgreSQL binaries are and who runs the servers.
+struct Toolbox {
+    bin: PathBuf,
+    /// `uid:gid` to run servers as, when the test runs as root.
+    run_as: Option<(u32, u32)>,
+}
+
+impl Toolbox {
+    fn find() -> Self {
+        let bin = newest_postgres_bin().unwrap_or_else(|| {
+            panic!(
+                "PostgreSQL server binaries not found under /usr/lib/postgresql/<major>/bin \
+                 (initdb, postgres, pg_ctl, pg_basebackup, psql, pg_dump, pg_restore, pg_isready): \
+                 install the Debian package `postgresql` (apt-get install postgresql)"
+            )
+        });
+        let root = fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0) == 0;
+        let run_as = root.then(|| {
+            let id = |flag: &str| -> u32 {
+                let out = Command::new("id").args([flag, "nobody"]).output();
+                let out = out.unwrap_or_else(|e| panic!("cannot run `id`: {e}"));
+                assert!(out.status.success(), "the test runs as root and needs the user `nobody` to run PostgreSQL");
+                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+            };
+            let status = Command::new("setpriv").arg("--version").output();
+            assert!(
+                status.is_ok_and(|o| o.status.success()),
+                "the test runs as root and needs `setpriv` (Debian package util-linux) to run PostgreSQL as nobody"
+            );
+            (id("-u"), id("-g"))
+        });
+        Toolbox { bin, run_as }
+    }
+
+    /// A command with a clean environment whose PATH starts with the PostgreSQL binaries.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env_clear()
+            .env("PATH", format!("{}:/usr/bin:/bin", self.bin.display()));
+        cmd
+    }
+
+    /// Like [`command`](Self::command), run as the unprivileged user when we are root.
+    fn unprivileged(&self, program: &str) -> Command {
+        match self.run_as {
+            Some((uid, gid)) => {
+                let mut cmd = self.command("setpriv");
+                cmd.args([
+                    format!("--reuid={uid}"),
+                    format!("--regid={gid}"),
+                    "--clear-groups".into(),
+                    "--".into(),
+                    program.into(),
+                ]);
+                cmd
+            }
+            None => self.command(program),
+        }
+    }
+
+    /// Makes `dir` and hands it to the user the servers run as.
+    fn dir(&self, dir: &Path) -> PathBuf {
+        fs::create_dir_all(dir).unwrap();
+        if let Some((uid, gid)) = self.run_as {
+            chown(dir, Some(uid), Some(gid)).unwrap();
+        }
+        dir.to_path_buf()
+    }
+
+    fn psql(&self, port: u16, user: &str, password: &str, sql: &str) -> Result<String, String> {
+        let out = self
+            .command("psql")
+            .args([
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+            ])
+            .args(["-p", &port.to_string(), "-U", user, "-d", "app", "-c", sql])
+            .env("PGPASSWORD", password)
+            .env("PGCONNECT_TIMEOUT", "5")
+            .output()
+            .unwrap();
+        result(out)
+    }
+
+    /// As the superuser, through the Unix socket (trust), like the entrypoint does.
+    fn psql_superuser(
+        &self,
+        socket: &Path,
+        port: u16,
+        db: &str,
+        sql: &str,
+    ) -> Result<String, String> {
+        let out = self
+            .command("psql")
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .arg("-h")
+            .arg(socket)
+            .args([
+                "-p",
+                &port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                db,
+                "-c",
+                sql,
+            ])
+            .output()
+            .unwrap();
+        result(out)
+    }
+}
+
+fn result(out: Output) -> Result<String, String> {
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+fn newest_postgres_bin() -> Option<PathBuf> {
+    let needed = [
+        "initdb",
+        "postgres",
+        "pg_ctl",
+        "pg_basebackup",
+        "psql",
+        "pg_dump",
+        "pg_restore",
+        "pg_isready",
+    ];
+    let mut found: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let major: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            needed
+                .iter()
+                .all(|b| bin.join(b).exists())
+                .then_some((major, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A server process (the entrypoint, which execs postgres, or postgres itself) in its
+/// own process group. Dropping it stops the group, then anything still recorded in
+/// the data directories' postmaster.pid.
+struct Server {
+    name: &'static str,
+    child: Child,
+    port: u16,
+    socket: PathBuf,
+    data_dirs: Vec<PathBuf>,
+    log: PathBuf,
+    stopped: bool,
+}
+
+impl Server {
+    fn spawn(
+        name: &'static str,
+        mut cmd: Command,
+        port: u16,
+        socket: PathBuf,
+        pgdata: &Path,
+        log: PathBuf,
+    ) -> Self {
+        let out = fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the {name}: {e}"));
+        let staging = PathBuf::from(format!("{}.staging", pgdata.display()));
+        Server {
+            name,
+            child,
+            port,
+            socket,
+            data_dirs: vec![pgdata.to_path_buf(), staging],
+            log,
+            stopped: false,
+        }
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the server accepts connections; fails with its log if it exits.
+    fn wait_ready(&mut self, tools: &Toolbox) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let ready = tools
+                .command("pg_isready")
+                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .status()
+                .unwrap()
+                .success();
+            if ready {
+                return;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "the {} exited ({status}) before it was ready; its log:\n{}",
+                    self.name,
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the {} was not ready within {WAIT:?}; its log:\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Fast shutdown (SIGINT) of the process group, then SIGKILL if it lingers.
+    fn stop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        let group = format!("-{}", self.child.id());
+        if self.child.try_wait().ok().flatten().is_none() {
+            signal("INT", &group);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        signal("KILL", &group);
+        let _ = self.child.wait();
+        // pg_ctl starts setup servers in their own session; they record their PID.
+        for dir in &self.data_dirs {
+            let Ok(pidfile) = fs::read_to_string(dir.join("postmaster.pid")) else {
+                continue;
+            };
+            if let Some(pid) = pidfile
+                .lines()
+                .next()
+                .and_then(|l| l.trim().parse::<u32>().ok())
+            {
+                let cmdline =
+                    fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                if cmdline.contains("postgres") {
+                    signal("KILL", &pid.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// Sends `signal` to a process (`pid`) or a process group (`-pgid`), with bash's
+/// builtin `kill`: bash is needed anyway, /usr/bin/kill (procps) may not be installed.
+fn signal(signal: &str, target: &str) {
+    let _ = Command::new("bash")
+        .args(["-c", "kill -s \"$1\" -- \"$2\"", "kill", signal, target])
+        .stderr(Stdio::null())
+        .status();
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The environment the StatefulSet gives an instance, pointed at loopback.
+struct Instance<'a> {
+    tools: &'a Toolbox,
+    scripts: &'a Path,
+    root: &'a Path,
+}
+
+impl Instance<'_> {
+    fn start(
+        &self,
+        name: &'static str,
+        pod: &str,
+        port: u16,
+        primary_port: u16,
+        app_password: &str,
+    ) -> Server {
+        let home = self.tools.dir(&self.root.join(pod));
+        let socket = self.tools.dir(&home.join("socket"));
+        let pgdata = home.join("pgdata");
+        let mut cmd = self.tools.unprivileged("bash");
+        cmd.arg(self.scripts.join(scripts::ENTRYPOINT_FILE))
+            .env("POD_NAME", pod)
+            .env("PGDATA", &pgdata)
+            .env("PG_PORT", port.to_string())
+            .env("PG_LISTEN_ADDRESSES", "127.0.0.1")
+            .env("PG_SOCKET_DIR", &socket)
+            .env("PRIMARY_HOST", "127.0.0.1")
+            .env("PRIMARY_PORT", primary_port.to_string())
+            .env("APP_USER", "app")
+            .env("APP_PASSWORD", app_password)
+            .env("APP_DATABASE", "app")
+            .env("REPLICATION_USER", "replicator")
+            .env("REPLICATION_PASSWORD", REPLICATION_PASSWORD)
+            .env("WAL_KEEP_SIZE", "64MB")
+            .env("BASEBACKUP_ATTEMPTS", "3");
+        let mut server = Server::spawn(name, cmd, port, socket, &pgdata, home.join("log"));
+        server.wait_ready(self.tools);
+        server
+    }
+}
+
+/// Polls `f` until it returns `Some`, for at most [`WAIT`].
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {WAIT:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn dump_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 #[test]
-fn t() {
-    assert!(!capstan_plugin_postgresql::scripts::DUMP.is_empty());
+fn primary_and_standby_replicate_and_the_dump_restores() {
+    let tools = Toolbox::find();
+    let tmp = tempfile::Builder::new()
+        .prefix("capstan-pg-")
+        .tempdir()
+        .unwrap();
+    let root = tools.dir(tmp.path());
+    let scripts_dir = root.join("scripts");
+    fs::create_dir(&scripts_dir).unwrap();
+    fs::write(
+        scripts_dir.join(scripts::ENTRYPOINT_FILE),
+        scripts::ENTRYPOINT,
+    )
+    .unwrap();
+    fs::write(scripts_dir.join(scripts::DUMP_FILE), scripts::DUMP).unwrap();
+    let instances = Instance {
+        tools: &tools,
+        scripts: &scripts_dir,
+        root: &root,
+    };
+    let (primary_port, standby_port, restore_port) = (free_port(), free_port(), free_port());
+
+    // The primary initializes itself: the application role, its database, its password.
+    let mut primary = instances.start("primary", "pg-0", primary_port, primary_port, APP_PASSWORD);
+    tools
+        .psql(primary_port, "app", APP_PASSWORD, "CREATE TABLE notes (id int PRIMARY KEY, note text); INSERT INTO notes VALUES (1, 'before the standby existed')")
+        .expect("the application role writes on the primary");
+    let wrong = tools
+        .psql(primary_port, "app", "wrong", "SELECT 1")
+        .unwrap_err();
+    assert!(
+        wrong.contains("password authentication failed for user \"app\""),
+        "passwords are checked over TCP: {wrong}"
+    );
+
+    // The standby copies the primary with pg_basebackup and streams from it.
+    let standby = instances.start("standby", "pg-1", standby_port, primary_port, APP_PASSWORD);
+    assert_eq!(
+        tools.psql(
+            standby_port,
+            "app",
+            APP_PASSWORD,
+            "SELECT note FROM notes WHERE id = 1"
+        ),
+        Ok("before the standby existed".into())
+    );
+    tools
+        .psql(
+            primary_port,
+            "app",
+            APP_PASSWORD,
+            "INSERT INTO notes VALUES (2, 'streamed')",
+        )
+        .unwrap();
+    eventually("row 2 on the standby", || {
+        tools
+            .psql(
+                standby_port,
+                "app",
+                APP_PASSWORD,
+                "SELECT note FROM notes WHERE id = 2",
+            )
+            .ok()
+            .filter(|n| n == "streamed")
+    });
+    assert_eq!(
+        tools.psql(
+            standby_port,
+            "app",
+            APP_PASSWORD,
+            "SELECT pg_is_in_recovery()"
+        ),
+        Ok("t".into())
+    );
+    assert_eq!(
+        tools.psql(
+            primary_port,
+            "app",
+            APP_PASSWORD,
+            "SELECT pg_is_in_recovery()"
+        ),
+        Ok("f".into())
+    );
+    assert_eq!(
+        tools.psql_superuser(
+            &primary.socket,
+            primary_port,
+            "postgres",
+            "SELECT application_name, state FROM pg_stat_replication"
+        ),
+        Ok("pg-1|streaming".into())
+    );
+    let refused = tools
+        .psql(
+            standby_port,
+            "app",
+            APP_PASSWORD,
+            "INSERT INTO notes VALUES (3, 'on the standby')",
+        )
+        .expect_err("the standby must refuse writes");
+    assert!(
+        refused.contains("cannot execute INSERT in a read-only transaction"),
+        "{refused}"
+    );
+
+    // A restarted primary takes the password from the environment (the Secret), and
+    // the standby reconnects and streams again.
+    primary.stop();
+    let primary = instances.start(
+        "restarted primary",
+        "pg-0",
+        primary_port,
+        primary_port,
+        NEW_APP_PASSWORD,
+    );
+    assert!(
+        tools
+            .psql(primary_port, "app", APP_PASSWORD, "SELECT 1")
+            .is_err(),
+        "the old password is gone"
+    );
+    tools
+        .psql(
+            primary_port,
+            "app",
+            NEW_APP_PASSWORD,
+            "INSERT INTO notes VALUES (3, 'after a restart')",
+        )
+        .expect("the new password works");
+    eventually("row 3 on the standby", || {
+        tools
+            .psql(
+                standby_port,
+                "app",
+                NEW_APP_PASSWORD,
+                "SELECT note FROM notes WHERE id = 3",
+            )
+            .ok()
+            .filter(|n| n == "after a restart")
+    });
+    for server in [&primary, &standby] {
+        let log = server.log();
+        for secret in [APP_PASSWORD, NEW_APP_PASSWORD, REPLICATION_PASSWORD] {
+            assert!(
+                !log.contains(secret),
+                "a password is in the {} log:\n{log}",
+                server.name
+            );
+        }
+    }
+
+    // Three dumps, keeping two: the oldest goes, no partial file stays.
+    let dumps = tools.dir(&root.join("dumps"));
+    let mut written = Vec::new();
+    for _ in 0..3 {
+        let out = tools
+            .unprivileged("bash")
+            .arg(scripts_dir.join(scripts::DUMP_FILE))
+            .env("DUMP_HOST", "127.0.0.1")
+            .env("DUMP_PORT", primary_port.to_string())
+            .env("APP_USER", "app")
+            .env("APP_PASSWORD", NEW_APP_PASSWORD)
+            .env("APP_DATABASE", "app")
+            .env("DUMP_DIR", &dumps)
+            .env("DUMP_PREFIX", "pg")
+            .env("DUMP_KEEP", "2")
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "dump.sh failed: {log}");
+        assert!(
+            !log.contains(NEW_APP_PASSWORD),
+            "the password is in the dump log: {log}"
+        );
+        written.push(dump_files(&dumps).last().cloned().unwrap());
+        // Dumps are named by the second.
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    let kept = dump_files(&dumps);
+    assert_eq!(
+        kept,
+        written[1..],
+        "the newest two dumps are kept, nothing else"
+    );
+    assert!(
+        kept.iter().all(|n| n.starts_with("pg-")
+            && n.ends_with("Z.dump")
+            && n.len() == "pg-20260101T000000Z.dump".len()),
+        "{kept:?}"
+    );
+
+    // An empty server, made with plain initdb, restores the newest dump.
+    let home = tools.dir(&root.join("restore"));
+    let socket = tools.dir(&home.join("socket"));
+    let pgdata = home.join("pgdata");
+    let init = tools
+        .unprivileged("initdb")
+        .arg("-D")
+        .arg(&pgdata)
+        .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8"])
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "initdb: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let mut cmd = tools.unprivileged("postgres");
+    cmd.arg("-D")
+        .arg(&pgdata)
+        .args([
+            "-p",
+            &restore_port.to_string(),
+            "-c",
+            "listen_addresses=127.0.0.1",
+        ])
+        .arg("-c")
+        .arg(format!("unix_socket_directories={}", socket.display()));
+    let mut restore = Server::spawn(
+        "restore server",
+        cmd,
+        restore_port,
+        socket.clone(),
+        &pgdata,
+        home.join("log"),
+    );
+    restore.wait_ready(&tools);
+    tools
+        .psql_superuser(
+            &socket,
+            restore_port,
+            "postgres",
+            "CREATE DATABASE restored",
+        )
+        .unwrap();
+    let restored = tools
+        .command("pg_restore")
+        .args(["--no-owner", "--no-acl", "--exit-on-error", "-h"])
+        .arg(&socket)
+        .args([
+            "-p",
+            &restore_port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "restored",
+        ])
+        .arg(dumps.join(kept.last().unwrap()))
+        .output()
+        .unwrap();
+    assert!(
+        restored.status.success(),
+        "pg_restore: {}",
+        String::from_utf8_lossy(&restored.stderr)
+    );
+    assert_eq!(
+        tools.psql_superuser(
+            &socket,
+            restore_port,
+            "restored",
+            "SELECT id, note FROM notes ORDER BY id"
+        ),
+        Ok("1|before the standby existed\n2|streamed\n3|after a restart".into())
+    );
 }

@@ -192,7 +192,7 @@ fn build(binary: &Binary, bin: &Path, ldflags: &str) -> Result<()> {
 /// `kubectl version` report (harmless for the binaries that lack these variables).
 fn kubernetes_ldflags() -> Result<String> {
     let (major, minor) = major_minor(KUBERNETES_VERSION)?;
-    // The module proxy knows when the release was tagged but not its commit.
+    // The time the module proxy has for the tag: the same on every machine.
     let build_date = go_output(
         &control_plane_dir().join("kubernetes"),
         &[
@@ -212,6 +212,9 @@ fn kubernetes_ldflags() -> Result<String> {
             ("gitMajor", major),
             ("gitMinor", minor),
             ("gitVersion", KUBERNETES_VERSION),
+            // The module proxy does not say which commit the tag is; better empty than
+            // the "$Format:%H$" placeholder the source carries.
+            ("gitCommit", ""),
             ("gitTreeState", "clean"),
             ("buildDate", build_date.trim()),
         ] {
