@@ -52,7 +52,7 @@ log "wrote $final ($(wc -c <"$final") bytes)"
 # Glob results are sorted, and the UTC time stamps sort by age: oldest first.
 shopt -s nullglob
 dumps=("$DUMP_DIR/$DUMP_PREFIX"-[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]T[0-9][0-9][0-9][0-9][0-9][0-9]Z.dump)
-excess=0
+excess=$((${#dumps[@]} - DUMP_KEEP))
 for ((i = 0; i < excess; i++)); do
 	log "removing old dump ${dumps[i]}"
 	rm -f -- "${dumps[i]}"

@@ -4,7 +4,10 @@
 //! `*`, a number, a range `a-b`, optionally with a step `/n` (`*/15`, `1-30/2`, `5/10`);
 //! months and days of week may be named (`jan`, `mon`); `?` stands for `*` in the two
 //! day fields. Or one of the macros `@yearly`, `@annually`, `@monthly`, `@weekly`,
-//! `@daily`, `@midnight`, `@hourly`. `@every` and `CRON_TZ=` are not accepted.
+//! `@daily`, `@midnight`, `@hourly` (lower-case). Day of week is 0-6 (7 is refused, as
+//! Kubernetes does). `@every` and `CRON_TZ=` are not accepted. Where this is stricter
+//! than Kubernetes (a step larger than its field, an empty list item, `?` outside the day
+//! fields) it refuses what is surely a mistake; it never accepts what Kubernetes refuses.
 
 /// One field of a cron expression: its name, its bounds and its optional names.
 struct Field {
@@ -41,10 +44,11 @@ const FIELDS: [Field; 5] = [
             "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
         ],
     },
+    // 0-6 from Sunday: the Go cron parser Kubernetes uses refuses 7.
     Field {
         name: "day of week",
         min: 0,
-        max: 7,
+        max: 6,
         names: &["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
     },
 ];
@@ -63,7 +67,8 @@ const MACROS: [&str; 7] = [
 pub fn validate(expression: &str) -> Result<(), String> {
     let expression = expression.trim();
     if expression.starts_with('@') {
-        return if MACROS.contains(&expression.to_ascii_lowercase().as_str()) {
+        // Case-sensitive, as Kubernetes' parser is: `@Daily` is refused there.
+        return if MACROS.contains(&expression) {
             Ok(())
         } else {
             Err(format!(
@@ -162,13 +167,13 @@ mod tests {
             "0 0 1 1 *",
             "5,35 1-5 * * mon-fri",
             "0 3 * JAN,jul SUN",
-            "0 0 ? * 7",
+            "0 0 ? * 6",
             "0 0 * * ?",
             "1-30/2 5/3 1-31 1-12 0-6",
-            "59 23 31 12 7",
+            "59 23 31 12 6",
             "  0 2 * * *  ",
             "@daily",
-            "@Hourly",
+            "@hourly",
             "@weekly",
             "@monthly",
             "@yearly",
@@ -193,8 +198,8 @@ mod tests {
             ),
             ("* * * 13 *", "month field \"13\": 13 is out of range 1-12"),
             (
-                "* * * * 8",
-                "day of week field \"8\": 8 is out of range 0-7",
+                "* * * * 7",
+                "day of week field \"7\": 7 is out of range 0-6",
             ),
             (
                 "* * * foo *",
@@ -209,6 +214,7 @@ mod tests {
             ("-1 * * * *", "\"\" is not a number"),
             ("@every 1h", "is not a known macro"),
             ("@reboot", "is not a known macro"),
+            ("@Daily", "is not a known macro"),
             ("CRON_TZ=UTC 0 2 * * *", "has 6 fields"),
         ] {
             let err = validate(bad).expect_err(bad);

@@ -382,10 +382,15 @@ fn dump_files(dir: &Path) -> Vec<String> {
 #[test]
 fn primary_and_standby_replicate_and_the_dump_restores() {
     let tools = Toolbox::find();
-    let tmp = tempfile::Builder::new()
-        .prefix("capstan-pg-")
-        .tempdir()
-        .unwrap();
+    // As root, in /tmp: the servers' user must reach the directory, and $TMPDIR may be
+    // somewhere only root can enter.
+    let tmp = match tools.run_as {
+        Some(_) => tempfile::Builder::new()
+            .prefix("capstan-pg-")
+            .tempdir_in("/tmp"),
+        None => tempfile::Builder::new().prefix("capstan-pg-").tempdir(),
+    }
+    .unwrap();
     let root = tools.dir(tmp.path());
     let scripts_dir = root.join("scripts");
     fs::create_dir(&scripts_dir).unwrap();
