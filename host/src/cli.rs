@@ -42,6 +42,28 @@ enum Command {
         #[command(flatten)]
         sandbox: SandboxArgs,
     },
+    /// Print the least-privilege ClusterRole `capstan run` needs for a plugin directory.
+    Rbac {
+        /// Directory of plugin components (*.wasm).
+        #[arg(long)]
+        plugins: PathBuf,
+        /// Name of the ClusterRole.
+        #[arg(long, default_value = "capstan")]
+        name: String,
+        /// Also allow applying CRDs (for `capstan run --install-crds`).
+        #[arg(long)]
+        install_crds: bool,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Copy the *.wasm files of SRC into DST, each through a temporary file and a rename
+    /// (for an init container seeding the plugin directory from the image).
+    SeedPlugins {
+        /// Where the plugins are.
+        src: PathBuf,
+        /// The plugin directory to fill.
+        dst: PathBuf,
+    },
     /// Print what a plugin declares.
     Inspect {
         /// The plugin component (.wasm).
@@ -151,6 +173,30 @@ pub fn run(cli: Cli) -> Result<()> {
             let rendered = render::render(&plugin, &observed, &capstan::plan::now())?;
             print!("{}", serde_yaml::to_string(&rendered)?);
         }
+        Command::Rbac {
+            plugins,
+            name,
+            install_crds,
+            sandbox,
+        } => {
+            let sandbox = sandbox.sandbox()?;
+            let infos = wasm_files(&plugins)?
+                .iter()
+                .map(|f| Ok(sandbox.load_file(f)?.info().clone()))
+                .collect::<Result<Vec<_>>>()?;
+            let role = capstan::rbac::cluster_role(&name, &infos, install_crds);
+            print!("{}", serde_yaml::to_string(&role)?);
+        }
+        Command::SeedPlugins { src, dst } => {
+            for file in wasm_files(&src)? {
+                let name = file.file_name().expect("a file name");
+                let tmp = dst.join(format!(".{}.tmp", name.to_string_lossy()));
+                std::fs::copy(&file, &tmp)
+                    .with_context(|| format!("cannot copy {}", file.display()))?;
+                std::fs::rename(&tmp, dst.join(name))?;
+                println!("{}", dst.join(name).display());
+            }
+        }
         Command::Inspect { plugin, sandbox } => {
             let plugin = sandbox.load(&plugin)?;
             let mut info = serde_json::to_value(plugin.info())?;
@@ -168,6 +214,18 @@ pub fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `*.wasm` files of `dir`, sorted; none is an error.
+fn wasm_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "wasm"));
+    files.sort();
+    anyhow::ensure!(!files.is_empty(), "no *.wasm plugin in {}", dir.display());
+    Ok(files)
 }
 
 fn run_operator(args: RunArgs) -> Result<()> {

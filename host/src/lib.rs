@@ -12,5 +12,6 @@ pub mod contract;
 pub mod operator;
 pub mod plan;
 pub mod plugin;
+pub mod rbac;
 pub mod render;
 pub mod validate;

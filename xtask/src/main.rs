@@ -100,12 +100,12 @@ pub struct BuiltPlugins {
 pub fn build_plugins() -> Result<BuiltPlugins> {
     tools::ensure_wasm_targets()?;
     let mut cmd = cargo();
-    cmd.args(["build", "--release", "--target", "wasm32-wasip2"]);
+    cmd.args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"]);
     for (package, _) in PLUGINS.iter().chain(TEST_PLUGINS) {
         cmd.args(["--package", package]);
     }
     run_cmd(&mut cmd)?;
-    let out = target_dir().join("wasm32-wasip2/release");
+    let out = target_dir().join("wasm32-wasip2/plugin");
     let built = BuiltPlugins {
         plugins: target_dir().join("plugins"),
         test_plugins: target_dir().join("test-plugins"),

@@ -178,3 +178,22 @@ pub fn is_forbidden(err: &kube::Error) -> bool {
 pub fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.is_not_found())
 }
+
+/// A short-lived token for `service_account` in `ns`, from the TokenRequest API.
+pub async fn service_account_token(
+    client: &Client,
+    ns: &str,
+    service_account: &str,
+) -> Result<String> {
+    let request: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 3600}}))?;
+    let response =
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), ns)
+            .create_token_request(service_account, &PostParams::default(), &request)
+            .await
+            .context("TokenRequest")?;
+    response
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest without a token")
+}

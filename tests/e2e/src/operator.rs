@@ -72,12 +72,29 @@ pub struct Operator {
     port: u16,
     extra: Vec<String>,
     log: PathBuf,
+    /// `--kubeconfig` to pass; none: `KUBECONFIG` (the admin) and `--install-crds`.
+    kubeconfig: Option<PathBuf>,
 }
 
 impl Operator {
     /// Starts `capstan run` on a fresh plugin directory holding `plugins` (copied in
     /// under their file names), watching only `namespace`.
     pub async fn start(namespace: &str, plugins: &[&Path], extra: &[&str]) -> Operator {
+        Self::start_with(namespace, plugins, extra, None).await
+    }
+
+    /// Like [`Operator::start`], but as the identity of `kubeconfig`, and without
+    /// `--install-crds` (the CRDs must be installed already).
+    pub async fn start_as(kubeconfig: &Path, namespace: &str, plugins: &[&Path]) -> Operator {
+        Self::start_with(namespace, plugins, &[], Some(kubeconfig.to_path_buf())).await
+    }
+
+    async fn start_with(
+        namespace: &str,
+        plugins: &[&Path],
+        extra: &[&str],
+        kubeconfig: Option<PathBuf>,
+    ) -> Operator {
         let dir = tempfile::tempdir().unwrap();
         for p in plugins {
             std::fs::copy(p, dir.path().join(p.file_name().unwrap())).unwrap();
@@ -90,6 +107,7 @@ impl Operator {
             port: free_port(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             log,
+            kubeconfig,
         };
         op.spawn().await;
         op
@@ -109,15 +127,15 @@ impl Operator {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(bin)
-            .args([
-                "run",
-                "--install-crds",
-                "--poll-interval-ms",
-                "200",
-                "--namespace",
-                &self.namespace,
-            ])
+        let mut cmd = Command::new(bin);
+        cmd.arg("run");
+        match &self.kubeconfig {
+            // Only that identity: no admin KUBECONFIG to fall back on.
+            Some(path) => cmd.env_remove("KUBECONFIG").arg("--kubeconfig").arg(path),
+            None => cmd.arg("--install-crds"),
+        };
+        let child = cmd
+            .args(["--poll-interval-ms", "200", "--namespace", &self.namespace])
             .arg("--plugins")
             .arg(self.plugins.path())
             .args(["--metrics-addr", &format!("127.0.0.1:{}", self.port)])

@@ -7,15 +7,17 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use capstan_e2e::{client_with_token, in_test_namespace, is_forbidden, wait_for};
+use capstan_e2e::{
+    client_with_token, in_test_namespace, is_forbidden, service_account_token, wait_for,
+};
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
-    authentication::v1::{SelfSubjectReview, TokenRequest},
+    authentication::v1::SelfSubjectReview,
     core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, ServiceAccount},
     rbac::v1::{Role, RoleBinding},
 };
 use kube::{
-    Client, Resource,
+    Resource,
     api::{Api, DeleteParams, ListParams, PostParams},
 };
 use serde::de::DeserializeOwned;
@@ -242,19 +244,6 @@ async fn a_service_account_token_gets_what_its_role_allows_and_403_for_the_rest(
         Ok(())
     })
     .await
-}
-
-/// A short-lived token for `service_account` from the TokenRequest API.
-async fn service_account_token(client: &Client, ns: &str, service_account: &str) -> Result<String> {
-    let request: TokenRequest = from_json(json!({"spec": {"expirationSeconds": 600}}))?;
-    let response = Api::<ServiceAccount>::namespaced(client.clone(), ns)
-        .create_token_request(service_account, &PostParams::default(), &request)
-        .await
-        .context("TokenRequest")?;
-    response
-        .status
-        .and_then(|s| s.token)
-        .context("TokenRequest without a token")
 }
 
 fn has_condition(
