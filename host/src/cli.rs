@@ -6,7 +6,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use capstan::operator::{self, ControllerOptions, OperatorOptions, RegistryOptions};
+use capstan::operator::{
+    self, ControllerOptions, LeaderElectionOptions, OperatorOptions, RegistryOptions,
+};
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
 use capstan::render;
 
@@ -110,6 +112,19 @@ struct RunArgs {
     /// Parents of one plugin reconciled at once.
     #[arg(long, default_value_t = 4)]
     concurrency: u16,
+    /// Reconcile only while holding a Lease, so that several replicas are safe.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the Lease (default: $POD_NAMESPACE, else the service account's
+    /// namespace in a cluster, else `default`).
+    #[arg(long)]
+    leader_election_namespace: Option<String>,
+    /// Name of the Lease.
+    #[arg(long, default_value = "capstan")]
+    leader_election_id: String,
+    /// How long the lease lasts without renewal, in seconds.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
@@ -250,8 +265,37 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 },
             },
             metrics_addr: args.metrics_addr,
+            leader_election: args.leader_elect.then(|| LeaderElectionOptions {
+                namespace: args
+                    .leader_election_namespace
+                    .clone()
+                    .unwrap_or_else(own_namespace),
+                name: args.leader_election_id.clone(),
+                identity: identity(),
+                lease_duration: Duration::from_secs(args.lease_duration_seconds.max(1)),
+            }),
         };
         operator::run(client, sandbox, opts, shutdown_signal()).await
+    })
+}
+
+/// The namespace this process runs in, for its Lease.
+fn own_namespace() -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok()
+        })
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".into())
+}
+
+/// This replica's name in leader election: the Pod's name, else host and PID.
+fn identity() -> String {
+    std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "localhost".into());
+        format!("{}-{}", host.trim(), std::process::id())
     })
 }
 

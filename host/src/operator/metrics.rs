@@ -41,6 +41,7 @@ pub struct Metrics {
     durations: Mutex<BTreeMap<String, (f64, u64)>>,
     plugins: Mutex<BTreeMap<String, PluginState>>,
     ready: AtomicBool,
+    leader: AtomicBool,
 }
 
 impl Metrics {
@@ -99,6 +100,11 @@ impl Metrics {
         self.ready.store(true, Ordering::Relaxed);
     }
 
+    /// Records whether this replica holds the leader lease (always, without election).
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::Relaxed);
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -117,6 +123,12 @@ impl Metrics {
                 "capstan_reconcile_duration_seconds_count{{plugin=\"{plugin}\"}} {count}"
             );
         }
+        out.push_str("# TYPE capstan_leader gauge\n");
+        let _ = writeln!(
+            out,
+            "capstan_leader {}",
+            u8::from(self.leader.load(Ordering::Relaxed))
+        );
         let plugins = self.plugins.lock().expect("metrics lock");
         out.push_str("# TYPE capstan_plugins_serving gauge\n");
         let _ = writeln!(

@@ -3,6 +3,7 @@
 
 mod cluster;
 mod controller;
+mod leader;
 mod metrics;
 mod reconcile;
 mod registry;
@@ -16,6 +17,7 @@ use anyhow::Context as _;
 use kube::Client;
 
 pub use controller::ControllerOptions;
+pub use leader::{LeaderElectionOptions, LeaseLock};
 pub use metrics::{Metrics, PluginState};
 pub use reconcile::FINALIZER;
 pub use registry::{PluginRegistry, RegistryOptions};
@@ -29,6 +31,8 @@ pub struct OperatorOptions {
     pub registry: RegistryOptions,
     /// Where to serve `/metrics`, `/healthz`, `/readyz` and `/plugins`.
     pub metrics_addr: SocketAddr,
+    /// Run controllers only while holding this Lease; none: always.
+    pub leader_election: Option<LeaderElectionOptions>,
 }
 
 /// Runs the operator until `shutdown` resolves, then stops every controller.
@@ -50,13 +54,81 @@ pub async fn run(
         .with_context(|| format!("cannot listen on {}", opts.metrics_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz, /plugins");
     let server = tokio::spawn(metrics::serve(listener, metrics.clone()));
+    tokio::pin!(shutdown);
+    let lock = opts
+        .leader_election
+        .map(|le| LeaseLock::new(client.clone(), le));
+    if let Some(lock) = &lock {
+        // A standby is a healthy, ready process: it just does not reconcile.
+        metrics.set_ready();
+        tokio::select! {
+            _ = acquire(lock) => {}
+            _ = &mut shutdown => {
+                server.abort();
+                return Ok(());
+            }
+        }
+    }
+    metrics.set_leader(true);
     let registry = PluginRegistry::new(client, sandbox, metrics, opts.registry);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let registry_task = tokio::spawn(registry.run_until(stop_rx));
-    shutdown.await;
+    let lost = async {
+        match &lock {
+            Some(lock) => hold(lock).await,
+            None => std::future::pending().await,
+        }
+    };
+    let result = tokio::select! {
+        _ = &mut shutdown => Ok(()),
+        err = lost => Err(err),
+    };
     tracing::info!("shutting down");
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), registry_task).await;
+    if let Some(lock) = &lock
+        && result.is_ok()
+        && let Err(e) = lock.release().await
+    {
+        tracing::warn!("cannot release the leader lease: {e}");
+    }
     server.abort();
-    Ok(())
+    result
+}
+
+/// Waits until this replica holds the lease.
+async fn acquire(lock: &LeaseLock) {
+    let o = lock.options();
+    tracing::info!(lease = %format!("{}/{}", o.namespace, o.name), identity = %o.identity, "waiting for the leader lease");
+    let retry = (o.lease_duration / 5).max(Duration::from_millis(200));
+    loop {
+        match lock.try_acquire_or_renew().await {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => tracing::warn!("leader election: {e}"),
+        }
+        tokio::time::sleep(retry).await;
+    }
+    tracing::info!(identity = %o.identity, "became the leader");
+}
+
+/// Renews the lease every third of its duration; returns an error once it could not be
+/// renewed for two thirds of it (another replica may take it over after that).
+async fn hold(lock: &LeaseLock) -> anyhow::Error {
+    let duration = lock.options().lease_duration;
+    let mut renewed = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(duration / 3).await;
+        match lock.try_acquire_or_renew().await {
+            Ok(true) => renewed = tokio::time::Instant::now(),
+            Ok(false) => return anyhow::anyhow!("lost the leader lease to another replica"),
+            Err(e) => tracing::warn!("cannot renew the leader lease: {e}"),
+        }
+        if renewed.elapsed() > duration * 2 / 3 {
+            return anyhow::anyhow!(
+                "could not renew the leader lease for {:?}",
+                renewed.elapsed()
+            );
+        }
+    }
 }

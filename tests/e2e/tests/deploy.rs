@@ -58,7 +58,7 @@ async fn deploy_manifests_run_and_their_role_is_enough_and_no_more() {
         let deployments = deployments.clone();
         async move {
             let d = deployments.get("capstan").await?;
-            Ok((d.status.and_then(|s| s.available_replicas) == Some(1)).then_some(()))
+            Ok((d.status.and_then(|s| s.available_replicas) == Some(2)).then_some(()))
         }
     })
     .await

@@ -660,3 +660,51 @@ async fn the_plugin_directory_is_live() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn with_leader_election_one_replica_reconciles_and_another_takes_over() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "leader").await;
+    let election = [
+        "--leader-elect",
+        "--leader-election-namespace",
+        &ns.name,
+        "--lease-duration-seconds",
+        "3",
+    ];
+    let mut first = Operator::start(&ns.name, &[&plugin("uuid")], &election).await;
+    wait_for("the first replica to lead", T, || async {
+        Ok((first.counter("capstan_leader").await? == 1).then_some(()))
+    })
+    .await
+    .unwrap();
+    let second = Operator::start(&ns.name, &[&plugin("uuid")], &election).await;
+    create(&client, &ns.name, &uuid_ar(), "a", json!({})).await;
+    await_status(&client, &ns.name, &uuid_ar(), "a", "a reconciled", |o| {
+        !uuid_of(o).is_empty()
+    })
+    .await;
+    let series = "capstan_reconciles_total{plugin=\"uuid\",result=\"ok\"}";
+    assert!(first.counter(series).await.unwrap() >= 1);
+    assert_eq!(second.counter("capstan_leader").await.unwrap(), 0);
+    assert_eq!(
+        second.counter(series).await.unwrap(),
+        0,
+        "the standby reconciles nothing"
+    );
+
+    // The leader dies without releasing the lease: the standby takes over once it expires.
+    first.kill();
+    create(&client, &ns.name, &uuid_ar(), "b", json!({})).await;
+    await_status(
+        &client,
+        &ns.name,
+        &uuid_ar(),
+        "b",
+        "b reconciled by the new leader",
+        |o| !uuid_of(o).is_empty(),
+    )
+    .await;
+    assert_eq!(second.counter("capstan_leader").await.unwrap(), 1);
+    assert!(second.counter(series).await.unwrap() >= 1);
+}
