@@ -158,9 +158,10 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
             Ok(if failure.is_transient() {
                 Action::requeue(ctx.backoff(&uid))
             } else {
-                // Permanent until the spec (a new generation) or the plugin changes; a
-                // resync still looks again now and then.
-                Action::requeue(ctx.resync())
+                // Permanent until the spec changes (a new generation triggers a
+                // reconcile) or a new plugin version is loaded (its controller starts
+                // over); retrying the same input would give the same answer.
+                Action::await_change()
             })
         }
     }
