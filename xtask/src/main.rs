@@ -19,6 +19,7 @@ commands:
                            shipped plugins and show them at work (--once: exit after showing)
   test                     every test: unit, render, control plane, end to end
   plugins                  build the plugins (wasm32-wasip2) into target/plugins/
+  bench                    measure the sandbox: compile, cached load, one reconcile
   cluster up|down|status   a real local Kubernetes control plane (built from Go modules)
 ";
 
@@ -47,6 +48,21 @@ fn run(args: &[String]) -> Result<()> {
         Some("plugins") => build_plugins().map(|_| ()),
         Some("test") => test(&args[1..]),
         Some("demo") => demo::main(&args[1..]),
+        Some("bench") => {
+            let built = build_plugins()?;
+            run_cmd(
+                cargo()
+                    .args([
+                        "run",
+                        "--package",
+                        "capstan",
+                        "--example",
+                        "sandbox_bench",
+                        "--",
+                    ])
+                    .arg(&built.plugins),
+            )
+        }
         Some("-h" | "--help") | None => {
             print!("{USAGE}");
             Ok(())

@@ -154,10 +154,16 @@ async fn uuid_gets_a_uuid_that_survives_restart_resync_and_reload() {
     // changes; the status is written once, never again.
     let series = "capstan_reconciles_total{plugin=\"uuid\",result=\"ok\"}";
     let before = op.counter(series).await.unwrap();
-    let writes = op
-        .counter("capstan_status_writes_total{plugin=\"uuid\"}")
-        .await
-        .unwrap();
+    // The counter moves just after the write the test saw; wait for it, then require
+    // that it was exactly one.
+    let writes = wait_for("the status write to be counted", T, || async {
+        let n = op
+            .counter("capstan_status_writes_total{plugin=\"uuid\"}")
+            .await?;
+        Ok((n > 0).then_some(n))
+    })
+    .await
+    .unwrap();
     assert_eq!(writes, 1, "one status write for one new Uuid");
     wait_for("three more resyncs", T, || async {
         Ok((op.counter(series).await? >= before + 3).then_some(()))

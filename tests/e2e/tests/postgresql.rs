@@ -2,7 +2,11 @@
 //! Running and Ready): phases, scaling, a minor upgrade, a refused major upgrade, the
 //! password across a host restart, and deletion.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::watcher;
 
 use capstan_e2e::operator::{Operator, plugin};
 use capstan_e2e::{TestNamespace, client, holds_for, wait_for};
@@ -78,6 +82,39 @@ async fn password(client: &Client, ns: &str) -> Vec<u8> {
     secret.data.unwrap()["password"].0.clone()
 }
 
+/// Records every distinct `status.phase` of `pg`, in order, from a watch; returns once
+/// the watch has listed, so that nothing that happens afterwards can be missed.
+async fn record_phases(api: Api<DynamicObject>) -> Arc<Mutex<Vec<String>>> {
+    let phases = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = phases.clone();
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    let config = watcher::Config::default().fields("metadata.name=pg");
+    tokio::spawn(async move {
+        let mut synced = Some(synced_tx);
+        let mut stream = std::pin::pin!(watcher(api, config));
+        while let Some(Ok(event)) = stream.next().await {
+            let obj = match event {
+                watcher::Event::InitDone => {
+                    if let Some(tx) = synced.take() {
+                        let _ = tx.send(());
+                    }
+                    continue;
+                }
+                watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => obj,
+                _ => continue,
+            };
+            if let Some(phase) = obj.data.pointer("/status/phase").and_then(Value::as_str) {
+                let mut seen = sink.lock().unwrap();
+                if seen.last().map(String::as_str) != Some(phase) {
+                    seen.push(phase.to_string());
+                }
+            }
+        }
+    });
+    synced_rx.await.expect("the watch lists");
+    phases
+}
+
 #[tokio::test]
 async fn a_cluster_runs_scales_upgrades_refuses_and_is_deleted() {
     let client = client().await;
@@ -90,6 +127,7 @@ async fn a_cluster_runs_scales_upgrades_refuses_and_is_deleted() {
     }))
     .unwrap();
     let api = pgc_api(&client, &ns.name);
+    let phases = record_phases(api.clone()).await;
     wait_for("the PostgreSQLCluster to be created", T, || {
         let (api, pgc) = (api.clone(), pgc.clone());
         async move { Ok(Some(api.create(&PostParams::default(), &pgc).await?)) }
@@ -97,23 +135,21 @@ async fn a_cluster_runs_scales_upgrades_refuses_and_is_deleted() {
     .await
     .unwrap();
 
-    // Pending first (nothing ready yet), then Running with every replica ready.
-    let first_phase = wait_for("a first phase", T, || {
-        let api = api.clone();
-        async move {
-            Ok(status(&api.get("pg").await?, "phase")
-                .as_str()
-                .map(String::from))
-        }
-    })
-    .await
-    .unwrap();
-    assert!(
-        first_phase == "Pending" || first_phase == "Running",
-        "{first_phase}"
-    );
+    // Pending first (nothing ready yet), then Running with every replica ready: every
+    // phase the cluster goes through is recorded from a watch, so no step is missed.
     let running = await_phase(&client, &ns.name, "Running", &op).await;
     assert_eq!(status(&running, "readyReplicas"), 3);
+    let seen = phases.lock().unwrap().clone();
+    assert_eq!(
+        seen.first().map(String::as_str),
+        Some("Pending"),
+        "phases: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|p| ["Pending", "Degraded", "Running"].contains(&p.as_str())),
+        "phases: {seen:?}"
+    );
     assert_eq!(
         status(&running, "primaryEndpoint"),
         &json!(format!("pg-rw.{}.svc:5432", ns.name))
