@@ -410,29 +410,18 @@ async fn refused_output_applies_nothing_and_is_reported() {
     .await
     .unwrap();
 
+    let w = Parent {
+        client: &client,
+        ns: &ns.name,
+        ar: widget_ar(),
+        name: "w",
+    };
+
     // An undeclared kind: nothing applied (no Secret), nothing pruned, Ready=False.
-    patch_spec(
-        &client,
-        &ns.name,
-        &widget_ar(),
-        "w",
-        json!({"mode": "undeclared-kind", "count": 0}),
-    )
-    .await;
-    let obj = await_status(
-        &client,
-        &ns.name,
-        &widget_ar(),
-        "w",
-        "Ready=False InvalidPluginOutput",
-        |o| ready(o) == Some(("False".into(), "InvalidPluginOutput".into())),
-    )
-    .await;
-    let message = obj
-        .data
-        .pointer("/status/conditions/0/message")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    w.patch_spec(json!({"mode": "undeclared-kind", "count": 0}))
+        .await;
+    let obj = w.await_ready("False", "InvalidPluginOutput").await;
+    let message = ready_message(&obj);
     assert!(
         message.contains("Secret.v1 \"w-secret\" is of a kind the plugin did not declare"),
         "{message}"
@@ -442,125 +431,92 @@ async fn refused_output_applies_nothing_and_is_reported() {
         2,
         "no child pruned"
     );
-    assert!(
-        Api::<Secret>::namespaced(client.clone(), &ns.name)
-            .get_opt("w-secret")
-            .await
-            .unwrap()
-            .is_none()
-    );
-    wait_for("a Warning event", T, || async {
-        Ok(
-            (!warning_events(&client, &ns.name, "w", "InvalidPluginOutput")
-                .await
-                .is_empty())
-            .then_some(()),
-        )
-    })
-    .await
-    .unwrap();
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns.name);
+    assert!(secrets.get_opt("w-secret").await.unwrap().is_none());
+    w.await_warning("InvalidPluginOutput").await;
 
     // Another namespace: refused the same way; nothing appears in kube-system.
-    patch_spec(
-        &client,
-        &ns.name,
-        &widget_ar(),
-        "w",
-        json!({"mode": "other-namespace"}),
-    )
-    .await;
+    w.patch_spec(json!({"mode": "other-namespace"})).await;
     let obj = await_status(
         &client,
         &ns.name,
-        &widget_ar(),
+        &w.ar,
         "w",
         "refusal of another namespace",
-        |o| {
-            o.data
-                .pointer("/status/conditions/0/message")
-                .and_then(Value::as_str)
-                .is_some_and(|m| m.contains("kube-system"))
-        },
+        |o| ready_message(o).contains("kube-system"),
     )
     .await;
     assert_eq!(ready(&obj).unwrap().1, "InvalidPluginOutput");
-    assert!(
-        Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
-            .get_opt("w-elsewhere")
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let system = Api::<ConfigMap>::namespaced(client.clone(), "kube-system");
+    assert!(system.get_opt("w-elsewhere").await.unwrap().is_none());
 
     // An invalid spec (the plugin's own verdict): Ready=False InvalidSpec and a Warning.
-    patch_spec(
-        &client,
-        &ns.name,
-        &widget_ar(),
-        "w",
-        json!({"mode": "invalid"}),
-    )
-    .await;
-    await_status(
-        &client,
-        &ns.name,
-        &widget_ar(),
-        "w",
-        "Ready=False InvalidSpec",
-        |o| ready(o) == Some(("False".into(), "InvalidSpec".into())),
-    )
-    .await;
-    wait_for("an InvalidSpec event", T, || async {
-        Ok((!warning_events(&client, &ns.name, "w", "InvalidSpec")
-            .await
-            .is_empty())
-        .then_some(()))
-    })
-    .await
-    .unwrap();
+    w.patch_spec(json!({"mode": "invalid"})).await;
+    w.await_ready("False", "InvalidSpec").await;
+    w.await_warning("InvalidSpec").await;
 
     // A plugin that runs past its deadline: Ready=False PluginFailed, host keeps going.
-    patch_spec(
-        &client,
-        &ns.name,
-        &widget_ar(),
-        "w",
-        json!({"mode": "loop"}),
-    )
-    .await;
-    await_status(
-        &client,
-        &ns.name,
-        &widget_ar(),
-        "w",
-        "Ready=False PluginFailed",
-        |o| ready(o) == Some(("False".into(), "PluginFailed".into())),
-    )
-    .await;
+    w.patch_spec(json!({"mode": "loop"})).await;
+    w.await_ready("False", "PluginFailed").await;
 
     // Fixed spec: back to Ready=True, children as asked.
-    patch_spec(
-        &client,
-        &ns.name,
-        &widget_ar(),
-        "w",
-        json!({"mode": "", "count": 1}),
-    )
-    .await;
-    await_status(
-        &client,
-        &ns.name,
-        &widget_ar(),
-        "w",
-        "Ready=True again",
-        |o| ready(o) == Some(("True".into(), "Reconciled".into())),
-    )
-    .await;
+    w.patch_spec(json!({"mode": "", "count": 1})).await;
+    w.await_ready("True", "Reconciled").await;
     wait_for("one ConfigMap", T, || async {
         Ok((names(&configmaps(&client, &ns.name).await) == ["w-0"]).then_some(()))
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+}
+
+/// One parent object under test.
+struct Parent<'a> {
+    client: &'a Client,
+    ns: &'a str,
+    ar: ApiResource,
+    name: &'a str,
+}
+
+impl Parent<'_> {
+    async fn patch_spec(&self, spec: Value) {
+        patch_spec(self.client, self.ns, &self.ar, self.name, spec).await;
+    }
+
+    /// Waits for the `Ready` condition to have `status` and `reason`.
+    async fn await_ready(&self, status: &str, reason: &str) -> DynamicObject {
+        let want = Some((status.to_string(), reason.to_string()));
+        await_status(
+            self.client,
+            self.ns,
+            &self.ar,
+            self.name,
+            &format!("Ready={status} {reason}"),
+            |o| ready(o) == want,
+        )
+        .await
+    }
+
+    /// Waits for a Warning event with `reason` on the parent.
+    async fn await_warning(&self, reason: &str) {
+        wait_for(&format!("a Warning event {reason}"), T, || async {
+            let events = warning_events(self.client, self.ns, self.name, reason).await;
+            Ok((!events.is_empty()).then_some(()))
+        })
+        .await
+        .unwrap();
+    }
+}
+
+fn ready_message(obj: &DynamicObject) -> String {
+    let conditions = obj
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array);
+    conditions
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn state_of<'a>(states: &'a [Value], file: &str) -> Option<&'a Value> {
