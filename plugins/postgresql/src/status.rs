@@ -90,7 +90,7 @@ pub fn assess(sts: Option<&StatefulSet>, wanted: &Config, running: Option<&Confi
             message: format!("0 of {want} instances ready"),
         };
     }
-    if rolled_out && ready >= want {
+    if rolled_out && ready == want {
         return Assessment {
             phase: Phase::Running,
             ready,
@@ -120,14 +120,15 @@ pub fn assess(sts: Option<&StatefulSet>, wanted: &Config, running: Option<&Confi
     }
 }
 
-/// Whether the StatefulSet controller has seen the latest spec and every pod runs the
-/// latest revision.
+/// Whether the StatefulSet controller has seen the latest spec, has exactly `replicas`
+/// pods (a scale-down is over) and every pod runs the latest revision.
 fn rollout_finished(sts: &StatefulSet, replicas: i32) -> bool {
     let Some(status) = &sts.status else {
         return false;
     };
     let generation = sts.metadata.generation.unwrap_or(0);
     status.observed_generation.unwrap_or(0) >= generation
+        && status.replicas == replicas
         && status.updated_replicas == Some(replicas)
         && status.current_revision.is_some()
         && status.current_revision == status.update_revision

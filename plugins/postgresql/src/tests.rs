@@ -305,6 +305,23 @@ fn phase_follows_the_statefulset() {
         (phase(&rolling), ready_condition(&rolling).reason.as_str()),
         ("Degraded", "RollingOut")
     );
+
+    // Scaled down from 5 to 3: while the extra pods still exist (and may be ready), the
+    // scale-down is a rollout in progress, not Running with too many instances.
+    let mut scaling_down = observed(&first, 5);
+    for c in &mut scaling_down {
+        if c["kind"] == "StatefulSet" {
+            c["status"]["replicas"] = json!(5);
+        }
+    }
+    let scaling_down = ok(p(), scaling_down);
+    assert_eq!(
+        (
+            phase(&scaling_down),
+            ready_condition(&scaling_down).reason.as_str()
+        ),
+        ("Degraded", "RollingOut")
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use super::state::StateDir;
 
 /// How many static volumes the pool has, and how big each is.
-pub const VOLUMES: usize = 20;
+pub const VOLUMES: usize = 64;
 const VOLUME_SIZE: &str = "10Gi";
 /// The default StorageClass's name.
 pub const STORAGE_CLASS: &str = "local";
@@ -232,6 +232,6 @@ mod tests {
             manifest.matches("kind: PersistentVolume\n").count(),
             VOLUMES
         );
-        assert!(manifest.contains("path: /tmp/state/volumes/pv-19"));
+        assert!(manifest.contains("path: /tmp/state/volumes/pv-63"));
     }
 }
