@@ -22,9 +22,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use binaries::ensure_binaries;
+pub use binaries::{cache_dir, ensure_binaries};
 use bootstrap::Kubectl;
 use process::Process;
+pub use process::signal;
 use state::{Ports, StateDir};
 
 const USAGE: &str = "usage: cargo xtask cluster <command> [--state-dir DIR] [--nodes N]

@@ -180,16 +180,9 @@ impl Capstan {
         })
     }
 
-    /// SIGTERM through the shell's `kill` (capstan shuts its controllers down on it), then SIGKILL.
+    /// SIGTERM (capstan shuts its controllers down on it), then SIGKILL.
     fn stop(&mut self) -> Result<()> {
-        let _ = Command::new("sh")
-            .args([
-                "-c",
-                "kill -s TERM \"$1\"",
-                "sh",
-                &self.child.id().to_string(),
-            ])
-            .status();
+        let _ = cluster::signal(self.child.id(), "TERM");
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if self.child.try_wait()?.is_some() {

@@ -11,17 +11,6 @@ use crate::{root, run_cmd, target_dir};
 /// The cargo-component release the project is tested with.
 const CARGO_COMPONENT_VERSION: &str = "0.21.1";
 
-/// Where tools and caches live outside the repository.
-pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CAPSTAN_CACHE_DIR") {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/tmp".into());
-    home.join(".cache/capstan")
-}
-
 /// Makes sure the toolchain of rust-toolchain.toml has the wasm targets (rustup does
 /// not always add a toolchain file's targets to a toolchain that is already installed).
 pub fn ensure_wasm_targets() -> Result<()> {
@@ -47,7 +36,8 @@ pub fn ensure_wasm_targets() -> Result<()> {
 
 /// Installs cargo-component into the cache (once per machine) and returns its path.
 pub fn cargo_component() -> Result<PathBuf> {
-    let root_dir = cache_dir().join(format!("tools/cargo-component-{CARGO_COMPONENT_VERSION}"));
+    let root_dir = crate::cluster::cache_dir()?
+        .join(format!("tools/cargo-component-{CARGO_COMPONENT_VERSION}"));
     let bin = root_dir.join("bin/cargo-component");
     if !bin.exists() {
         eprintln!(

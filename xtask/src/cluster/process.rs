@@ -119,7 +119,7 @@ fn proc_stat(pid: u32) -> Option<(char, u64)> {
 
 /// std has no kill(2); the shell's `kill` builtin exists wherever `sh` does. Its exit
 /// status is ignored: it fails only when the process is already gone, which is the goal.
-fn signal(pid: u32, signal: &str) -> Result<()> {
+pub fn signal(pid: u32, signal: &str) -> Result<()> {
     Command::new("sh")
         .args([
             "-c",
