@@ -13,7 +13,7 @@ use tracing::{info, instrument, warn};
 
 use super::cluster::{ChildKinds, ClusterWrites};
 use super::metrics::Metrics;
-use crate::contract::{EventType, Observed, PluginError};
+use crate::contract::{Observed, PluginError};
 use crate::plan::{self, Plan};
 use crate::plugin::{CallError, Plugin};
 use crate::validate::Violation;
@@ -283,6 +283,5 @@ async fn report_failure(obj: &DynamicObject, parent: &Value, ctx: &Context, fail
         }
     }
     let event = plan::warning(failure.reason(), failure.to_string());
-    debug_assert_eq!(event.type_, EventType::Warning);
     ctx.cluster.publish(obj, &event).await;
 }
