@@ -8,7 +8,7 @@ use std::time::Duration;
 use capstan::contract::Observed;
 use capstan::plugin::{CallError, Sandbox, SandboxConfig};
 use capstan::render;
-use common::{assert_golden, capstan, is_uuid, mask, plugin, root, test_plugin};
+use common::{assert_golden, capstan, is_uuid, mask, plugin, root, test_plugin, uuid_other_build};
 use serde_json::{Value, json};
 
 fn sandbox() -> Sandbox {
@@ -138,9 +138,7 @@ fn inspect_and_crd_print_what_the_plugin_declares() {
 
 #[test]
 fn a_plugin_built_with_cargo_component_renders_too() {
-    let path = std::env::var_os("CAPSTAN_COMPONENT_PLUGIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root().join("target/wasm32-wasip1/release/capstan_plugin_uuid.wasm"));
+    let path = uuid_other_build();
     assert!(
         path.exists(),
         "{} is missing: run `cargo xtask test` (it builds it with cargo component)",

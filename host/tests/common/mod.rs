@@ -1,50 +1,14 @@
 //! Helpers shared by the host's integration tests: finding the built plugins and the
 //! binary, golden files, and masking the random parts of rendered output.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each test file uses a part
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use serde_json::Value;
 
-/// The workspace root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn built(env: &str, default: &str, file: &str) -> PathBuf {
-    let dir = std::env::var_os(env)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(default));
-    let path = dir.join(file);
-    assert!(
-        path.exists(),
-        "{} is missing: build the plugins first with `cargo xtask plugins` (or run every test with `cargo xtask test`)",
-        path.display()
-    );
-    path
-}
-
-/// A shipped plugin, built by `cargo xtask plugins`.
-pub fn plugin(name: &str) -> PathBuf {
-    built(
-        "CAPSTAN_PLUGIN_DIR",
-        "target/plugins",
-        &format!("{name}.wasm"),
-    )
-}
-
-/// A test plugin, built by `cargo xtask plugins`.
-pub fn test_plugin(name: &str) -> PathBuf {
-    built(
-        "CAPSTAN_TEST_PLUGIN_DIR",
-        "target/test-plugins",
-        &format!("{name}.wasm"),
-    )
-}
+/// Where the built plugins and the workspace are: shared with the end-to-end tests.
+pub use capstan_e2e::operator::{plugin, root, test_plugin, uuid_other_build};
 
 /// Runs the `capstan` binary.
 pub fn capstan(args: &[&str]) -> Output {

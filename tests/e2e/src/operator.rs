@@ -23,7 +23,7 @@ fn built(env: &str, default: &str, file: &str) -> PathBuf {
     let path = dir.join(file);
     assert!(
         path.exists(),
-        "{} is missing: run the tests with `cargo xtask test`",
+        "{} is missing: build the plugins with `cargo xtask plugins` (or run every test with `cargo xtask test`)",
         path.display()
     );
     path
