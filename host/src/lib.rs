@@ -10,6 +10,7 @@
 
 pub mod contract;
 pub mod operator;
+pub mod ownership;
 pub mod plan;
 pub mod plugin;
 pub mod rbac;

@@ -10,12 +10,29 @@ use serde_json::{Map, Value, json};
 use crate::contract::{Condition, ConditionStatus, Desired, Event, EventType, PluginInfo};
 use crate::validate::{self, Violation};
 
-/// Field manager of every server-side apply the host makes.
-pub const FIELD_MANAGER: &str = "capstan";
+/// Field manager of the host's own writes that belong to no plugin (CRDs).
+pub const HOST_FIELD_MANAGER: &str = "capstan";
+/// The one field manager every write used before each plugin got its own; objects that
+/// still carry it are migrated on their next write (see `operator::cluster`).
+pub const LEGACY_FIELD_MANAGER: &str = "capstan";
+/// Value of [`MANAGED_BY_LABEL`] on every child: the children's watch caches select it.
+pub const MANAGED_BY: &str = "capstan";
 /// Label the host sets on every child.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Label naming the plugin that produced a child.
 pub const PLUGIN_LABEL: &str = "capstan.dev/plugin";
+
+/// Field manager of a plugin's children and status: one per plugin, so that two plugins
+/// (or a plugin and a person) never silently share ownership of a field.
+pub fn field_manager(plugin: &str) -> String {
+    format!("capstan/{plugin}")
+}
+
+/// Field manager of the failure reports on a plugin's parents. It owns only
+/// `status.conditions`, so a report can never remove or regress the plugin's fields.
+pub fn report_field_manager(plugin: &str) -> String {
+    format!("capstan/{plugin}/report")
+}
 
 /// Everything one successful reconcile will write.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -90,16 +107,44 @@ pub fn plan(
     })
 }
 
-/// The status to write when a reconcile failed: the plugin's fields stay as they were
-/// (a failure loses nothing), `Ready` turns False with `reason` and `message`.
-pub fn failed_status(parent: &Value, reason: &str, message: &str, now: &str) -> Value {
-    let ready = Condition {
+/// The conditions to write when a reconcile failed: the parent's conditions with
+/// `Ready` turned False with `reason` and `message`. Only `status.conditions` is
+/// written for a failure (by [`report_field_manager`]): the plugin's fields stay.
+pub fn failed_conditions(parent: &Value, reason: &str, message: &str, now: &str) -> Value {
+    let ready = not_ready(reason, message);
+    Value::Array(merge_conditions(parent, &[ready], now))
+}
+
+/// A `Ready=False` condition.
+pub fn not_ready(reason: &str, message: &str) -> Condition {
+    Condition {
         type_: "Ready".into(),
         status: ConditionStatus::False,
         reason: reason.into(),
         message: message.into(),
+    }
+}
+
+/// Replaces condition `c` in a planned `status` (computed for `parent`); it keeps the
+/// transition time the parent has for it if the status did not change.
+pub fn set_condition(status: &mut Value, parent: &Value, c: &Condition, now: &str) {
+    let merged = merge_conditions(parent, std::slice::from_ref(c), now);
+    let Some(new) = merged
+        .into_iter()
+        .find(|m| m.get("type").and_then(Value::as_str) == Some(c.type_.as_str()))
+    else {
+        return;
     };
-    compose_status(parent, None, &[ready], now)
+    let Some(list) = status.get_mut("conditions").and_then(Value::as_array_mut) else {
+        return;
+    };
+    match list
+        .iter_mut()
+        .find(|m| m.get("type").and_then(Value::as_str) == Some(c.type_.as_str()))
+    {
+        Some(slot) => *slot = new,
+        None => list.push(new),
+    }
 }
 
 /// Sets namespace, the controller ownerReference and the host's labels on a child.
@@ -121,7 +166,7 @@ fn decorate(info: &PluginInfo, parent: &Value, kind_index: usize, mut manifest: 
     }
     let labels = meta.entry("labels").or_insert_with(|| json!({}));
     if let Some(labels) = labels.as_object_mut() {
-        labels.insert(MANAGED_BY_LABEL.into(), json!(FIELD_MANAGER));
+        labels.insert(MANAGED_BY_LABEL.into(), json!(MANAGED_BY));
         labels.insert(PLUGIN_LABEL.into(), json!(info.name));
     }
     meta.insert(
@@ -157,6 +202,19 @@ fn compose_status(
     let mut status = plugin_status
         .or_else(|| current.cloned())
         .unwrap_or_default();
+    let generation = parent.pointer("/metadata/generation").cloned();
+    let merged = merge_conditions(parent, conditions, now);
+    if let Some(g) = generation {
+        status.insert("observedGeneration".into(), g);
+    }
+    status.insert("conditions".into(), Value::Array(merged));
+    Value::Object(status)
+}
+
+/// The parent's conditions with `conditions` set: others kept as they are, each set one
+/// keeping its `lastTransitionTime` while its status does not change, sorted by type.
+fn merge_conditions(parent: &Value, conditions: &[Condition], now: &str) -> Vec<Value> {
+    let current = parent.get("status").and_then(Value::as_object);
     let generation = parent.pointer("/metadata/generation").cloned();
     let previous: Vec<Value> = current
         .and_then(|s| s.get("conditions"))
@@ -204,11 +262,7 @@ fn compose_status(
         };
         t(a).cmp(&t(b))
     });
-    if let Some(g) = generation {
-        status.insert("observedGeneration".into(), g);
-    }
-    status.insert("conditions".into(), Value::Array(merged));
-    Value::Object(status)
+    merged
 }
 
 /// Kubernetes caps event messages at 1 KiB; trim rather than fail the whole reconcile.
@@ -233,6 +287,15 @@ pub fn now() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
+}
+
+/// A Normal event the host posts.
+pub fn normal(reason: &str, message: impl Into<String>) -> Event {
+    bounded_event(Event {
+        type_: EventType::Normal,
+        reason: reason.into(),
+        message: message.into(),
+    })
 }
 
 /// A Warning event the host posts for a failure.
@@ -343,7 +406,7 @@ mod tests {
     }
 
     #[test]
-    fn failure_keeps_plugin_fields_and_flips_ready() {
+    fn failure_reports_only_conditions_and_flips_ready() {
         let ok = plan(
             &info(),
             &parent(json!({})),
@@ -351,11 +414,13 @@ mod tests {
             "T0",
         )
         .unwrap();
-        let failed = failed_status(&parent(ok.status), "InvalidSpec", "bad", "T1");
-        assert_eq!(failed["uuid"], "x");
-        assert_eq!(failed["conditions"][0]["status"], "False");
-        assert_eq!(failed["conditions"][0]["reason"], "InvalidSpec");
-        assert_eq!(failed["conditions"][0]["lastTransitionTime"], "T1");
+        let failed = failed_conditions(&parent(ok.status), "InvalidSpec", "bad", "T1");
+        // Only the conditions are written for a failure: the plugin's fields are not
+        // part of the report at all, so it cannot remove or regress them.
+        assert_eq!(failed.as_array().unwrap().len(), 1);
+        assert_eq!(failed[0]["status"], "False");
+        assert_eq!(failed[0]["reason"], "InvalidSpec");
+        assert_eq!(failed[0]["lastTransitionTime"], "T1");
     }
 
     #[test]
@@ -371,6 +436,51 @@ mod tests {
         let conds = plan.status["conditions"].as_array().unwrap();
         assert_eq!(conds.len(), 1);
         assert_eq!(conds[0]["reason"], "Pending");
+    }
+
+    #[test]
+    fn a_conflict_turns_the_planned_ready_false_and_keeps_other_conditions() {
+        let mut d = desired(vec![], Some(json!({"uuid": "x"})));
+        d.conditions.push(Condition {
+            type_: "Available".into(),
+            status: ConditionStatus::True,
+            reason: "Up".into(),
+            message: String::new(),
+        });
+        let ok = plan(&info(), &parent(json!({})), d.clone(), "T0").unwrap();
+        let mut status = ok.status.clone();
+        let p = parent(ok.status.clone());
+        set_condition(
+            &mut status,
+            &p,
+            &not_ready("ChildConflict", "ConfigMap c"),
+            "T1",
+        );
+        let conds = status["conditions"].as_array().unwrap();
+        assert_eq!(conds.len(), 2);
+        let ready = conds.iter().find(|c| c["type"] == "Ready").unwrap();
+        assert_eq!(ready["status"], "False");
+        assert_eq!(ready["reason"], "ChildConflict");
+        assert_eq!(ready["lastTransitionTime"], "T1");
+        assert_eq!(status["uuid"], "x");
+        // Reported again with the same status: the transition time stays.
+        let mut again = plan(&info(), &parent(status.clone()), d, "T2")
+            .unwrap()
+            .status;
+        set_condition(
+            &mut again,
+            &parent(status.clone()),
+            &not_ready("ChildConflict", "ConfigMap c"),
+            "T2",
+        );
+        assert_eq!(again, status);
+    }
+
+    #[test]
+    fn each_plugin_has_its_own_field_managers() {
+        assert_eq!(field_manager("widget"), "capstan/widget");
+        assert_ne!(field_manager("a"), field_manager("b"));
+        assert_ne!(report_field_manager("widget"), field_manager("widget"));
     }
 
     #[test]

@@ -1,5 +1,10 @@
 //! Every Kubernetes API call a reconcile makes: listing owned children, server-side
-//! apply, pruning with a UID precondition, status, finalizers and events.
+//! apply under the ownership rules, pruning with a UID precondition, status, finalizers
+//! and events. Every request has a timeout, and errors keep kube's error (and with it
+//! the HTTP status) so the pipeline can tell permanent from transient failures.
+
+use std::future::Future;
+use std::time::Duration;
 
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
@@ -9,9 +14,113 @@ use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Reco
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::reconcile::Failure;
 use crate::contract::{Event, EventType, KindRef, ObservedChild};
-use crate::plan::{FIELD_MANAGER, PlannedChild};
+use crate::ownership::{self, Ownership};
+use crate::plan::{self, LEGACY_FIELD_MANAGER, PlannedChild};
+
+/// How long one API request may take before it counts as failed (transient).
+pub const API_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a request to the API server did not do what the host asked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server answered with an error status, or the request failed on its way.
+    #[error("cannot {action}: {}", short(.source))]
+    Api {
+        /// What the host tried to do.
+        action: String,
+        /// kube's error, with the status code when the server answered.
+        #[source]
+        source: kube::Error,
+    },
+    /// The request got no answer within [`API_TIMEOUT`].
+    #[error("cannot {action}: no answer from the API server within {timeout:?}")]
+    Timeout {
+        /// What the host tried to do.
+        action: String,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// An object could not be turned into what the API expects.
+    #[error("cannot {action}: {source}")]
+    Encode {
+        /// What the host tried to do.
+        action: String,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// How the pipeline reacts to an [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Retrying the same request gives the same answer (400, 403, 404, 405, 422, …):
+    /// report it on the parent and retry only at the resync period.
+    Permanent,
+    /// Someone else changed the object first (409): retry soon, report nothing.
+    Conflict,
+    /// The server is busy, failing or unreachable (429, 5xx, timeouts, transport):
+    /// back off and retry; it says nothing about the parent, so `Ready` stays.
+    Transient,
+}
+
+impl Error {
+    /// The HTTP status the API server answered with, if it answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Error::Api {
+                source: kube::Error::Api(status),
+                ..
+            } => Some(status.code),
+            _ => None,
+        }
+    }
+
+    /// How to react; decided from the status code, never from a message.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Encode { .. } => ErrorClass::Permanent,
+            Error::Timeout { .. } => ErrorClass::Transient,
+            Error::Api { .. } => classify(self.code()),
+        }
+    }
+}
+
+/// The class of an API answer with status `code` (`None`: no answer).
+pub fn classify(code: Option<u16>) -> ErrorClass {
+    match code {
+        Some(409) => ErrorClass::Conflict,
+        Some(408 | 429) => ErrorClass::Transient,
+        Some(400..=499) => ErrorClass::Permanent,
+        _ => ErrorClass::Transient,
+    }
+}
+
+/// Result of cluster calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Runs one API request under [`API_TIMEOUT`], naming `action` in its error.
+async fn request<T>(
+    action: impl FnOnce() -> String,
+    fut: impl Future<Output = kube::Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(API_TIMEOUT, fut).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(Error::Api {
+            action: action(),
+            source,
+        }),
+        Err(_) => Err(Error::Timeout {
+            action: action(),
+            timeout: API_TIMEOUT,
+        }),
+    }
+}
+
+fn is_status(e: &Error, code: u16) -> bool {
+    e.code() == Some(code)
+}
 
 /// The `ApiResource` of a declared kind.
 pub fn api_resource(kind: &KindRef) -> ApiResource {
@@ -49,28 +158,63 @@ impl ChildKinds {
     }
 }
 
+/// What happened to one desired child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChildOutcome {
+    /// Written (created, or updated because this parent controls it).
+    Applied {
+        /// The object's resourceVersion after the write.
+        resource_version: Option<String>,
+    },
+    /// An existing object that consented to it was adopted, then written.
+    Adopted,
+    /// An existing object of that name is not this parent's: nothing was written.
+    Conflict(OwnershipConflict),
+}
+
+/// A desired child whose name is taken by an object this parent does not control.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{kind} {name:?} already exists and is {}; nothing was written to it (to hand it over, remove its controller and annotate it {annotation}={adoption})",
+    match .controller { Some(c) => format!("controlled by {c}"), None => "not controlled by this parent".to_string() },
+    annotation = ownership::ADOPT_ANNOTATION
+)]
+pub struct OwnershipConflict {
+    /// The child's kind.
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// Its controller, if it has one.
+    pub controller: Option<String>,
+    /// The annotation value that would let this parent adopt it.
+    pub adoption: String,
+}
+
 /// Cluster access for one plugin's reconciles.
 #[derive(Clone)]
 pub struct ClusterWrites {
     client: Client,
+    parent_kind: KindRef,
     parent: ApiResource,
     recorder: Recorder,
-}
-
-fn api_error(what: String) -> impl FnOnce(kube::Error) -> Failure {
-    move |e| Failure::Api(format!("{what}: {}", short(&e)))
+    /// This plugin's field manager for children and status.
+    manager: String,
+    /// Its field manager for failure reports (conditions only).
+    report_manager: String,
 }
 
 /// A kube error without the noise of its debug form.
 fn short(e: &kube::Error) -> String {
     match e {
-        kube::Error::Api(status) => format!("{} ({})", status.message, status.reason),
+        kube::Error::Api(status) => {
+            format!("{} ({}, {})", status.message, status.reason, status.code)
+        }
         other => other.to_string(),
     }
 }
 
 impl ClusterWrites {
-    /// Cluster access for parents of kind `parent`.
+    /// Cluster access for parents of kind `parent`, reconciled by `plugin`.
     pub fn new(client: Client, parent: &KindRef, plugin: &str) -> Self {
         let reporter = Reporter {
             controller: format!("capstan/{plugin}"),
@@ -79,7 +223,10 @@ impl ClusterWrites {
         ClusterWrites {
             recorder: Recorder::new(client.clone(), reporter),
             parent: api_resource(parent),
+            parent_kind: parent.clone(),
             client,
+            manager: plan::field_manager(plugin),
+            report_manager: plan::report_field_manager(plugin),
         }
     }
 
@@ -108,16 +255,17 @@ impl ClusterWrites {
         &self,
         parent: &DynamicObject,
         kinds: &ChildKinds,
-    ) -> Result<Vec<ObservedChild>, Failure> {
+    ) -> Result<Vec<ObservedChild>> {
         let uid = parent.metadata.uid.as_deref().unwrap_or_default();
         let ns = parent.metadata.namespace.as_deref();
         let mut observed = Vec::new();
         for (index, (kind, ar)) in kinds.iter().enumerate() {
-            let list = self
-                .child_api(ar, kind.namespaced, ns)
-                .list(&ListParams::default())
-                .await
-                .map_err(api_error(format!("cannot list {kind}")))?;
+            let list = request(
+                || format!("list {kind}"),
+                self.child_api(ar, kind.namespaced, ns)
+                    .list(&ListParams::default()),
+            )
+            .await?;
             for mut child in list.items {
                 let controlled = child
                     .metadata
@@ -129,8 +277,10 @@ impl ClusterWrites {
                     continue;
                 }
                 child.metadata.managed_fields = None;
-                let mut object =
-                    serde_json::to_value(&child).map_err(|e| Failure::Api(e.to_string()))?;
+                let mut object = serde_json::to_value(&child).map_err(|source| Error::Encode {
+                    action: format!("read {kind}"),
+                    source,
+                })?;
                 if let Some(o) = object.as_object_mut() {
                     o.insert("apiVersion".into(), json!(ar.api_version));
                     o.insert("kind".into(), json!(ar.kind));
@@ -144,38 +294,115 @@ impl ClusterWrites {
         Ok(observed)
     }
 
-    /// Server-side applies one child with field manager `capstan`, forcing conflicts.
+    /// Writes one desired child under the ownership rules ([`crate::ownership`]).
+    ///
+    /// `observed` says whether the child is among the parent's observed children (which
+    /// only ever holds objects this parent controls): then it is applied directly.
+    /// Otherwise the object is read first: absent, it is created; controlled by this
+    /// parent (a cache that lags), applied; consenting to adoption, adopted; anything
+    /// else is an [`OwnershipConflict`] and nothing is written.
     pub async fn apply_child(
         &self,
         kinds: &ChildKinds,
+        parent: &DynamicObject,
         child: &PlannedChild,
-    ) -> Result<(), Failure> {
+        observed: bool,
+    ) -> Result<ChildOutcome> {
         let (kind, ar) = &kinds.kinds[child.kind_index];
         let ns = child
             .manifest
             .pointer("/metadata/namespace")
             .and_then(Value::as_str);
-        self.child_api(ar, kind.namespaced, ns)
-            .patch(
-                &child.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&child.manifest),
-            )
-            .await
-            .map_err(api_error(format!(
-                "cannot apply {} {:?}",
-                kind.kind, child.name
-            )))?;
+        let api = self.child_api(ar, kind.namespaced, ns);
+        let action = || format!("apply {} {:?}", kind.kind, child.name);
+        if observed {
+            return self.apply_owned(&api, child, true, action).await;
+        }
+        let existing = request(
+            || format!("read {} {:?}", kind.kind, child.name),
+            api.get_opt(&child.name),
+        )
+        .await?;
+        let Some(existing) = existing else {
+            // Created by this apply. Not forced: should another writer create the
+            // object between the read and this write, a field it set differently is a
+            // 409, which is retried and then seen as the conflict it is.
+            return self.apply_owned(&api, child, false, action).await;
+        };
+        let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
+        let adoption = ownership::adoption_ref(&self.parent_kind, &parent.name_any());
+        match ownership::ownership(&existing.metadata, parent_uid, &adoption) {
+            Ownership::Controlled => self.apply_owned(&api, child, true, action).await,
+            Ownership::Adoptable => {
+                self.apply_owned(&api, child, true, action).await?;
+                Ok(ChildOutcome::Adopted)
+            }
+            Ownership::Foreign { controller } => Ok(ChildOutcome::Conflict(OwnershipConflict {
+                kind: kind.kind.clone(),
+                name: child.name.clone(),
+                controller,
+                adoption,
+            })),
+        }
+    }
+
+    /// Server-side applies a child this parent owns (or creates), with the plugin's
+    /// field manager, then migrates it off the legacy shared manager if it had one.
+    async fn apply_owned(
+        &self,
+        api: &Api<DynamicObject>,
+        child: &PlannedChild,
+        force: bool,
+        action: impl Fn() -> String,
+    ) -> Result<ChildOutcome> {
+        let mut params = PatchParams::apply(&self.manager);
+        params.force = force;
+        let written = request(
+            &action,
+            api.patch(&child.name, &params, &Patch::Apply(&child.manifest)),
+        )
+        .await?;
+        if has_manager(&written, LEGACY_FIELD_MANAGER) {
+            self.drop_legacy_manager(api, &written, &child.manifest, &action)
+                .await?;
+        }
+        Ok(ChildOutcome::Applied {
+            resource_version: written.metadata.resource_version,
+        })
+    }
+
+    /// Objects written before each plugin had its own field manager are co-owned by the
+    /// shared manager `capstan`. The plugin's manager now owns every field it applies,
+    /// so an empty apply by the legacy manager releases exactly the fields that nothing
+    /// wants any more (which a later apply would otherwise never remove).
+    async fn drop_legacy_manager(
+        &self,
+        api: &Api<DynamicObject>,
+        written: &DynamicObject,
+        manifest: &Value,
+        action: impl Fn() -> String,
+    ) -> Result<()> {
+        let empty = json!({
+            "apiVersion": manifest.get("apiVersion"),
+            "kind": manifest.get("kind"),
+            "metadata": {"name": written.name_any()},
+        });
+        request(
+            || format!("{} (releasing the legacy field manager)", action()),
+            api.patch(
+                &written.name_any(),
+                &PatchParams::apply(LEGACY_FIELD_MANAGER),
+                &Patch::Apply(&empty),
+            ),
+        )
+        .await?;
+        tracing::info!(object = %written.name_any(), "migrated from the shared field manager {LEGACY_FIELD_MANAGER:?} to {:?}", self.manager);
         Ok(())
     }
 
     /// Deletes an observed child that is no longer desired, only if it is still the
     /// same object (UID precondition). Already gone is fine.
-    pub async fn prune_child(
-        &self,
-        kinds: &ChildKinds,
-        child: &ObservedChild,
-    ) -> Result<(), Failure> {
+    pub async fn prune_child(&self, kinds: &ChildKinds, child: &ObservedChild) -> Result<()> {
         let (kind, ar) = &kinds.kinds[child.kind_index as usize];
         let field = |p: &str| child.object.pointer(p).and_then(Value::as_str);
         let name = field("/metadata/name").unwrap_or_default();
@@ -187,57 +414,97 @@ impl ClusterWrites {
             propagation_policy: Some(PropagationPolicy::Background),
             ..DeleteParams::default()
         };
-        match self
-            .child_api(ar, kind.namespaced, field("/metadata/namespace"))
-            .delete(name, &params)
-            .await
+        let api = self.child_api(ar, kind.namespaced, field("/metadata/namespace"));
+        match request(
+            || format!("prune {} {name:?}", kind.kind),
+            api.delete(name, &params),
+        )
+        .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-            Err(e) => Err(api_error(format!("cannot prune {} {name:?}", kind.kind))(e)),
+            // Gone already, or another object by now (the UID precondition failed).
+            Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
-    /// Writes the parent's whole status through `/status` with server-side apply.
-    pub async fn write_status(
+    /// Writes the parent's status through `/status` with server-side apply and the
+    /// plugin's field manager.
+    ///
+    /// The patch carries the resourceVersion of the parent the status was computed
+    /// from: if the parent changed since (a newer status, a new spec), the API server
+    /// answers 409 and nothing is written, so a status computed from a stale cache can
+    /// never overwrite a newer one.
+    pub async fn write_status(&self, parent: &DynamicObject, status: &Value) -> Result<()> {
+        let written = self.apply_status(parent, status, &self.manager).await?;
+        if has_manager(&written, LEGACY_FIELD_MANAGER) {
+            let empty = json!({
+                "apiVersion": self.parent.api_version,
+                "kind": self.parent.kind,
+                "metadata": {"name": parent.name_any()},
+            });
+            request(
+                || "write status (releasing the legacy field manager)".into(),
+                self.parent_api(parent).patch_status(
+                    &parent.name_any(),
+                    &PatchParams::apply(LEGACY_FIELD_MANAGER),
+                    &Patch::Apply(&empty),
+                ),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Writes only `status.conditions` (a failure report), with the plugin's report
+    /// field manager and the same resourceVersion precondition as [`Self::write_status`]:
+    /// the plugin's status fields are neither written nor removed.
+    pub async fn write_conditions(&self, parent: &DynamicObject, conditions: &Value) -> Result<()> {
+        self.apply_status(
+            parent,
+            &json!({ "conditions": conditions }),
+            &self.report_manager,
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn apply_status(
         &self,
         parent: &DynamicObject,
         status: &Value,
-    ) -> Result<(), Failure> {
+        manager: &str,
+    ) -> Result<DynamicObject> {
         let patch = json!({
             "apiVersion": self.parent.api_version,
             "kind": self.parent.kind,
+            "metadata": {
+                "name": parent.name_any(),
+                "resourceVersion": parent.metadata.resource_version,
+            },
             "status": status,
         });
-        self.parent_api(parent)
-            .patch_status(
+        request(
+            || "write status".into(),
+            self.parent_api(parent).patch_status(
                 &parent.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
+                &PatchParams::apply(manager).force(),
                 &Patch::Apply(&patch),
-            )
-            .await
-            .map_err(api_error("cannot write status".into()))?;
-        Ok(())
+            ),
+        )
+        .await
     }
 
     /// Adds `finalizer` to the parent. The merge patch carries the resourceVersion read,
     /// so a concurrent change makes it fail (and retry) instead of being overwritten.
-    pub async fn add_finalizer(
-        &self,
-        parent: &DynamicObject,
-        finalizer: &str,
-    ) -> Result<(), Failure> {
+    pub async fn add_finalizer(&self, parent: &DynamicObject, finalizer: &str) -> Result<()> {
         let mut next = parent.metadata.finalizers.clone().unwrap_or_default();
         next.push(finalizer.to_string());
         self.replace_finalizers(parent, next).await
     }
 
     /// Removes `finalizer` from the parent, the same way.
-    pub async fn remove_finalizer(
-        &self,
-        parent: &DynamicObject,
-        finalizer: &str,
-    ) -> Result<(), Failure> {
+    pub async fn remove_finalizer(&self, parent: &DynamicObject, finalizer: &str) -> Result<()> {
         let next: Vec<String> = parent
             .finalizers()
             .iter()
@@ -247,24 +514,21 @@ impl ClusterWrites {
         self.replace_finalizers(parent, next).await
     }
 
-    async fn replace_finalizers(
-        &self,
-        parent: &DynamicObject,
-        next: Vec<String>,
-    ) -> Result<(), Failure> {
+    async fn replace_finalizers(&self, parent: &DynamicObject, next: Vec<String>) -> Result<()> {
         let patch = json!({"metadata": {"finalizers": next, "resourceVersion": parent.metadata.resource_version}});
-        match self
-            .parent_api(parent)
-            .patch(
+        match request(
+            || "update finalizers".into(),
+            self.parent_api(parent).patch(
                 &parent.name_any(),
                 &PatchParams::default(),
                 &Patch::Merge(&patch),
-            )
-            .await
+            ),
+        )
+        .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(api_error("cannot update finalizers".into())(e)),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -281,8 +545,69 @@ impl ClusterWrites {
             secondary: None,
         };
         let reference = parent.object_ref(&self.parent);
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
-            tracing::warn!(reason = %event.reason, "cannot post event: {}", short(&e));
+        if let Err(e) = request(
+            || format!("post event {}", event.reason),
+            self.recorder.publish(&ev, &reference),
+        )
+        .await
+        {
+            tracing::warn!(reason = %event.reason, "{e}");
         }
+    }
+}
+
+/// Whether `obj` has fields owned by `manager` through server-side apply.
+fn has_manager(obj: &DynamicObject, manager: &str) -> bool {
+    obj.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(|m| m.manager.as_deref() == Some(manager) && m.operation.as_deref() == Some("Apply"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_classified_by_status_code() {
+        assert_eq!(classify(Some(409)), ErrorClass::Conflict);
+        for code in [400, 403, 404, 405, 410, 422] {
+            assert_eq!(classify(Some(code)), ErrorClass::Permanent, "{code}");
+        }
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert_eq!(classify(Some(code)), ErrorClass::Transient, "{code}");
+        }
+        assert_eq!(classify(None), ErrorClass::Transient);
+        let timeout = Error::Timeout {
+            action: "apply".into(),
+            timeout: API_TIMEOUT,
+        };
+        assert_eq!(timeout.class(), ErrorClass::Transient);
+        assert_eq!(timeout.code(), None);
+    }
+
+    #[test]
+    fn a_conflict_names_the_object_and_the_way_to_hand_it_over() {
+        let c = OwnershipConflict {
+            kind: "ConfigMap".into(),
+            name: "precious".into(),
+            controller: None,
+            adoption: "widgets.test.capstan.dev/w".into(),
+        };
+        let text = c.to_string();
+        assert!(
+            text.contains("ConfigMap \"precious\" already exists"),
+            "{text}"
+        );
+        assert!(
+            text.contains("capstan.dev/allow-adoption-by=widgets.test.capstan.dev/w"),
+            "{text}"
+        );
+        let owned = OwnershipConflict {
+            controller: Some("Widget/other".into()),
+            ..c
+        };
+        assert!(owned.to_string().contains("controlled by Widget/other"));
     }
 }

@@ -9,9 +9,9 @@ use std::time::Duration;
 use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use serde_json::Value;
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
-use super::cluster::{ChildKinds, ClusterWrites};
+use super::cluster::{self, ChildKinds, ChildOutcome, ClusterWrites, ErrorClass};
 use super::metrics::Metrics;
 use crate::contract::{Observed, PluginError};
 use crate::plan::{self, Plan};
@@ -98,8 +98,24 @@ pub enum Failure {
     #[error("plugin output refused: {0}")]
     InvalidOutput(#[from] Violation),
     /// The API server refused or failed a request.
-    #[error("{0}")]
-    Api(String),
+    #[error(transparent)]
+    Api(#[from] cluster::Error),
+}
+
+/// What the host does after a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reaction {
+    /// Report it on the parent; wait for a change of the spec or of the plugin.
+    ReportAndWait,
+    /// Report it on the parent; retry with backoff.
+    ReportAndBackoff,
+    /// Report it on the parent; retry at the resync period (a permanent API answer,
+    /// which a change elsewhere, such as RBAC, may still fix).
+    ReportAndResync,
+    /// Another writer was first: retry soon, the parent's condition stays as it is.
+    RetrySoon,
+    /// The API server is unwell: back off; the parent's condition stays as it is.
+    Backoff,
 }
 
 impl Failure {
@@ -110,16 +126,24 @@ impl Failure {
             Failure::Retry(_) => "RetryRequested",
             Failure::Plugin(_) => "PluginFailed",
             Failure::InvalidOutput(_) => "InvalidPluginOutput",
-            Failure::Api(_) => "ApplyFailed",
+            Failure::Api(e) => match e.class() {
+                ErrorClass::Conflict => "Conflict",
+                ErrorClass::Permanent => "ApplyFailed",
+                ErrorClass::Transient => "ApiUnavailable",
+            },
         }
     }
 
-    /// Whether retrying without a change can help.
-    fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Failure::Retry(_) | Failure::Plugin(_) | Failure::Api(_)
-        )
+    fn reaction(&self) -> Reaction {
+        match self {
+            Failure::InvalidSpec(_) | Failure::InvalidOutput(_) => Reaction::ReportAndWait,
+            Failure::Retry(_) | Failure::Plugin(_) => Reaction::ReportAndBackoff,
+            Failure::Api(e) => match e.class() {
+                ErrorClass::Permanent => Reaction::ReportAndResync,
+                ErrorClass::Conflict => Reaction::RetrySoon,
+                ErrorClass::Transient => Reaction::Backoff,
+            },
+        }
     }
 }
 
@@ -145,25 +169,63 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
     let uid = obj.metadata.uid.clone().unwrap_or_default();
     let parent = serde_json::to_value(&*obj).map_err(|e| ReportError(e.to_string()))?;
     match reconcile_parent(&obj, &parent, &ctx).await {
-        Ok(action) => {
+        Ok(Reconciled::Done(action)) => {
             ctx.succeeded(&uid);
             ctx.metrics.reconciled(&ctx.plugin.info().name, "ok");
             Ok(action)
         }
+        Ok(Reconciled::WithConflicts) => {
+            ctx.metrics
+                .reconciled(&ctx.plugin.info().name, "ChildConflict");
+            // The taken name frees up only by a change to an object the host does not
+            // watch (the user deletes or annotates it): look again with backoff.
+            Ok(Action::requeue(ctx.backoff(&uid)))
+        }
         Err(failure) => {
+            let reaction = failure.reaction();
             ctx.metrics
                 .reconciled(&ctx.plugin.info().name, failure.reason());
-            warn!(reason = failure.reason(), "reconcile failed: {failure}");
+            match reaction {
+                Reaction::RetrySoon => {
+                    debug!("reconcile raced another writer, retrying soon: {failure}");
+                    return Ok(Action::requeue(jittered(CONFLICT_RETRY)));
+                }
+                Reaction::Backoff => {
+                    warn!(reason = failure.reason(), code = ?api_code(&failure), "reconcile failed, will retry: {failure}");
+                    return Ok(Action::requeue(ctx.backoff(&uid)));
+                }
+                _ => {}
+            }
+            warn!(reason = failure.reason(), code = ?api_code(&failure), "reconcile failed: {failure}");
             report_failure(&obj, &parent, &ctx, &failure).await;
-            Ok(if failure.is_transient() {
-                Action::requeue(ctx.backoff(&uid))
-            } else {
+            Ok(match reaction {
+                Reaction::ReportAndBackoff => Action::requeue(ctx.backoff(&uid)),
+                Reaction::ReportAndResync => Action::requeue(jittered(ctx.resync())),
                 // Permanent until the spec changes (a new generation triggers a
                 // reconcile) or a new plugin version is loaded (its controller starts
                 // over); retrying the same input would give the same answer.
-                Action::await_change()
+                _ => Action::await_change(),
             })
         }
+    }
+}
+
+/// How soon a reconcile that raced another writer (409) runs again.
+const CONFLICT_RETRY: Duration = Duration::from_millis(500);
+
+/// `d` stretched by a random 0–50 %, so that retries of many parents spread out.
+fn jittered(d: Duration) -> Duration {
+    let jitter = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+        % 500;
+    d.mul_f64(1.0 + jitter as f64 / 1000.0)
+}
+
+fn api_code(failure: &Failure) -> Option<u16> {
+    match failure {
+        Failure::Api(e) => e.code(),
+        _ => None,
     }
 }
 
@@ -173,11 +235,20 @@ pub fn error_policy(_obj: Arc<DynamicObject>, err: &ReportError, ctx: Arc<Contex
     Action::requeue(Duration::from_secs(5))
 }
 
+/// How a reconcile that did not fail ended.
+enum Reconciled {
+    /// Everything desired was written.
+    Done(Action),
+    /// Some desired children could not be written because their names are taken by
+    /// objects this parent does not control; the rest was written.
+    WithConflicts,
+}
+
 async fn reconcile_parent(
     obj: &DynamicObject,
     parent: &Value,
     ctx: &Context,
-) -> Result<Action, Failure> {
+) -> Result<Reconciled, Failure> {
     let info = ctx.plugin.info();
     let has_finalizer = obj
         .metadata
@@ -185,12 +256,19 @@ async fn reconcile_parent(
         .iter()
         .flatten()
         .any(|f| f == FINALIZER);
+    if !info.finalizer && has_finalizer {
+        // This plugin version no longer asks for a finalizer: nothing would ever remove
+        // ours, and a deletion would hang forever.
+        ctx.cluster.remove_finalizer(obj, FINALIZER).await?;
+        info!("the plugin no longer declares a finalizer; {FINALIZER} removed");
+        return Ok(Reconciled::Done(Action::await_change()));
+    }
     if obj.metadata.deletion_timestamp.is_some() {
         if info.finalizer && has_finalizer {
-            return finalize(obj, parent, ctx).await;
+            return finalize(obj, parent, ctx).await.map(Reconciled::Done);
         }
         // Kubernetes garbage-collects the children through their ownerReferences.
-        return Ok(Action::await_change());
+        return Ok(Reconciled::Done(Action::await_change()));
     }
     if info.finalizer && !has_finalizer {
         ctx.cluster.add_finalizer(obj, FINALIZER).await?;
@@ -204,21 +282,59 @@ async fn reconcile_parent(
     let call_input = observed.clone();
     let desired = tokio::task::spawn_blocking(move || plugin.reconcile(&call_input))
         .await
-        .map_err(|e| Failure::Api(format!("plugin call did not complete: {e}")))???;
+        .map_err(|e| Failure::Retry(format!("plugin call did not complete: {e}")))???;
     let plan = plan::plan(info, parent, desired, &plan::now())?;
-    apply_plan(obj, &observed, plan, ctx).await
+    apply_plan(obj, parent, &observed, plan, ctx).await
 }
 
 async fn apply_plan(
     obj: &DynamicObject,
+    parent: &Value,
     observed: &Observed,
-    plan: Plan,
+    mut plan: Plan,
     ctx: &Context,
-) -> Result<Action, Failure> {
+) -> Result<Reconciled, Failure> {
+    let observed_names: HashSet<(usize, &str)> = observed
+        .children
+        .iter()
+        .map(|c| {
+            let name = c
+                .object
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            (c.kind_index as usize, name)
+        })
+        .collect();
+    let mut conflicts = Vec::new();
     for child in &plan.children {
-        ctx.cluster.apply_child(&ctx.children, child).await?;
+        let known = observed_names.contains(&(child.kind_index, child.name.as_str()));
+        match ctx
+            .cluster
+            .apply_child(&ctx.children, obj, child, known)
+            .await?
+        {
+            ChildOutcome::Applied { .. } => {}
+            ChildOutcome::Adopted => {
+                info!(kind = %ctx.children.kind(child.kind_index), child = %child.name, "adopted");
+                let event = plan::normal(
+                    "Adopted",
+                    format!(
+                        "{} {:?} consented to adoption and is now controlled by this object",
+                        ctx.children.kind(child.kind_index).kind,
+                        child.name
+                    ),
+                );
+                ctx.cluster.publish(obj, &event).await;
+            }
+            ChildOutcome::Conflict(conflict) => {
+                warn!(kind = %conflict.kind, child = %conflict.name, "ownership conflict: {conflict}");
+                conflicts.push(conflict);
+            }
+        }
     }
-    // Prune only after every apply succeeded.
+    // Prune only after every apply succeeded; a conflict is not a failed apply (nothing
+    // was written), and the children this parent controls stay in step with the plugin.
     let wanted: HashSet<(usize, &str)> = plan
         .children
         .iter()
@@ -235,6 +351,23 @@ async fn apply_plan(
             info!(kind = %ctx.children.kind(child.kind_index as usize), child = name, "pruned");
         }
     }
+    if !conflicts.is_empty() {
+        let message = conflicts
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        plan::set_condition(
+            &mut plan.status,
+            parent,
+            &plan::not_ready("ChildConflict", &message),
+            &plan::now(),
+        );
+        for conflict in &conflicts {
+            let event = plan::warning("ChildConflict", conflict.to_string());
+            plan.events.push(event);
+        }
+    }
     if obj.data.get("status") != Some(&plan.status) {
         ctx.cluster.write_status(obj, &plan.status).await?;
         ctx.metrics.status_written(&ctx.plugin.info().name);
@@ -242,9 +375,13 @@ async fn apply_plan(
     for event in &plan.events {
         ctx.cluster.publish(obj, event).await;
     }
-    Ok(Action::requeue(
-        plan.requeue_after.unwrap_or_else(|| ctx.resync()),
-    ))
+    if conflicts.is_empty() {
+        Ok(Reconciled::Done(Action::requeue(
+            plan.requeue_after.unwrap_or_else(|| ctx.resync()),
+        )))
+    } else {
+        Ok(Reconciled::WithConflicts)
+    }
 }
 
 async fn finalize(obj: &DynamicObject, parent: &Value, ctx: &Context) -> Result<Action, Failure> {
@@ -255,7 +392,7 @@ async fn finalize(obj: &DynamicObject, parent: &Value, ctx: &Context) -> Result<
     let plugin = ctx.plugin.clone();
     let result = tokio::task::spawn_blocking(move || plugin.finalize(&observed))
         .await
-        .map_err(|e| Failure::Api(format!("plugin call did not complete: {e}")))???;
+        .map_err(|e| Failure::Retry(format!("plugin call did not complete: {e}")))???;
     for event in &result.events {
         ctx.cluster.publish(obj, event).await;
     }
@@ -269,14 +406,15 @@ async fn finalize(obj: &DynamicObject, parent: &Value, ctx: &Context) -> Result<
     }
 }
 
-/// Puts a failure on the parent: `Ready=False` with the reason (the plugin's own status
-/// fields stay) and a Warning event. Best effort: a failure to report is logged.
+/// Puts a failure on the parent: `Ready=False` with the reason, written as conditions
+/// only (the plugin's status fields are not touched), and a Warning event. Best effort:
+/// a failure to report is logged.
 async fn report_failure(obj: &DynamicObject, parent: &Value, ctx: &Context, failure: &Failure) {
     if obj.metadata.deletion_timestamp.is_none() {
-        let status =
-            plan::failed_status(parent, failure.reason(), &failure.to_string(), &plan::now());
-        if obj.data.get("status") != Some(&status) {
-            match ctx.cluster.write_status(obj, &status).await {
+        let conditions =
+            plan::failed_conditions(parent, failure.reason(), &failure.to_string(), &plan::now());
+        if obj.data.pointer("/status/conditions") != Some(&conditions) {
+            match ctx.cluster.write_conditions(obj, &conditions).await {
                 Ok(()) => ctx.metrics.status_written(&ctx.plugin.info().name),
                 Err(e) => warn!("cannot write the failure to the status: {e}"),
             }

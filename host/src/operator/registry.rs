@@ -14,12 +14,15 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use tracing::{error, info, warn};
 
+use super::cluster::ClusterWrites;
 use super::controller::{ControllerOptions, RunningController};
 use super::metrics::{Metrics, PluginState};
-use crate::plan::FIELD_MANAGER;
+use super::reconcile::FINALIZER;
+use crate::plan::HOST_FIELD_MANAGER;
 use crate::plugin::{Plugin, Sandbox, sha256_hex};
 
 /// Options of the registry.
@@ -117,6 +120,15 @@ impl PluginRegistry {
             {
                 controller.stop().await;
                 info!(file = %path.display(), plugin = %plugin.info().name, "plugin file removed: controller stopped, its resources left alone");
+                if plugin.info().finalizer {
+                    let client = self.client.clone();
+                    let namespace = self.opts.controller.namespace.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = release_finalizers(client, &plugin, namespace).await {
+                            warn!(plugin = %plugin.info().name, "cannot release the finalizers of a removed plugin: {e}");
+                        }
+                    });
+                }
             }
             self.metrics.remove_plugin(&path.display().to_string());
         }
@@ -248,6 +260,47 @@ fn wasm_files(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime)
     Ok(out)
 }
 
+/// A removed plugin can no longer finalize anything, so the host's finalizer must not
+/// outlive it: it is removed from every parent of the plugin's kind that is not being
+/// deleted (loading the plugin again puts it back). Parents already being deleted keep
+/// it, since their cleanup has not run: they get a Warning event saying how to let them
+/// go (load the plugin again, or remove the finalizer by hand).
+async fn release_finalizers(
+    client: Client,
+    plugin: &Plugin,
+    namespace: Option<String>,
+) -> anyhow::Result<()> {
+    let info = plugin.info();
+    let ar = super::cluster::api_resource(&info.parent);
+    let api: Api<DynamicObject> = match (&namespace, info.parent.namespaced) {
+        (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    let writes = ClusterWrites::new(client, &info.parent, &info.name);
+    let parents = api.list(&ListParams::default()).await?;
+    let (mut released, mut pending) = (0, 0);
+    for parent in parents.items {
+        if !parent.finalizers().iter().any(|f| f == FINALIZER) {
+            continue;
+        }
+        if parent.metadata.deletion_timestamp.is_some() {
+            pending += 1;
+            let message = format!(
+                "plugin {} was removed before this object was finalized; it stays until the plugin is loaded again, or until {FINALIZER} is removed from metadata.finalizers by hand (its cleanup then never runs)",
+                info.name
+            );
+            writes
+                .publish(&parent, &crate::plan::warning("FinalizerPending", message))
+                .await;
+        } else {
+            writes.remove_finalizer(&parent, FINALIZER).await?;
+            released += 1;
+        }
+    }
+    info!(plugin = %info.name, released, pending, "finalizers of a removed plugin released");
+    Ok(())
+}
+
 /// Applies the plugin's CRD and waits until the API server serves it.
 async fn install_crd(client: &Client, plugin: &Plugin) -> anyhow::Result<()> {
     let Some(crd) = &plugin.info().crd else {
@@ -262,7 +315,7 @@ async fn install_crd(client: &Client, plugin: &Plugin) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     api.patch(
         &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
+        &PatchParams::apply(HOST_FIELD_MANAGER).force(),
         &Patch::Apply(&crd),
     )
     .await?;
