@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use capstan::operator::{
-    self, ControllerOptions, LeaderElectionOptions, OperatorOptions, RegistryOptions,
+    self, ControllerOptions, LeaderElectionOptions, OperatorOptions, RegistryOptions, WriteFence,
 };
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
 use capstan::render;
@@ -262,17 +262,24 @@ fn run_operator(args: RunArgs) -> Result<()> {
                     namespace: args.namespace,
                     default_resync: Duration::from_secs(args.resync_seconds.max(1)),
                     concurrency: args.concurrency.max(1),
+                    fence: if args.leader_elect {
+                        WriteFence::for_leader_election()
+                    } else {
+                        WriteFence::default()
+                    },
                 },
             },
             metrics_addr: args.metrics_addr,
-            leader_election: args.leader_elect.then(|| LeaderElectionOptions {
-                namespace: args
-                    .leader_election_namespace
-                    .clone()
-                    .unwrap_or_else(own_namespace),
-                name: args.leader_election_id.clone(),
-                identity: identity(),
-                lease_duration: Duration::from_secs(args.lease_duration_seconds.max(1)),
+            leader_election: args.leader_elect.then(|| {
+                LeaderElectionOptions::new(
+                    &args
+                        .leader_election_namespace
+                        .clone()
+                        .unwrap_or_else(own_namespace),
+                    &args.leader_election_id,
+                    &identity(),
+                    Duration::from_secs(args.lease_duration_seconds.max(1)),
+                )
             }),
         };
         operator::run(client, sandbox, opts, shutdown_signal()).await

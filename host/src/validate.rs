@@ -126,6 +126,13 @@ pub fn plugin_info(info: &PluginInfo) -> Result<(), Violation> {
                 "child kind {child} is cluster-scoped; a namespaced parent can only own namespaced children"
             ));
         }
+        if !info.parent.namespaced && child.namespaced {
+            // The host puts children in their parent's namespace, and a cluster-scoped
+            // parent has none: such a plugin could never apply a single child.
+            return bad(format!(
+                "child kind {child} is namespaced; a cluster-scoped parent can only own cluster-scoped children"
+            ));
+        }
     }
     if let Some(crd) = &info.crd {
         let crd: Value = serde_json::from_str(crd)
@@ -514,6 +521,13 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("cluster-scoped")
+        );
+        let mut cluster_parent = info();
+        cluster_parent.parent.namespaced = false;
+        let refused = plugin_info(&cluster_parent).unwrap_err().to_string();
+        assert!(
+            refused.contains("a cluster-scoped parent can only own cluster-scoped children"),
+            "{refused}"
         );
         let mut crd = info();
         crd.crd = Some(r#"{"metadata":{"name":"other.example.com"}}"#.into());

@@ -14,6 +14,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Reco
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use super::leader::WriteFence;
 use crate::contract::{Event, EventType, KindRef, ObservedChild};
 use crate::ownership::{self, Ownership};
 use crate::plan::{self, LEGACY_FIELD_MANAGER, PlannedChild};
@@ -32,6 +33,12 @@ pub enum Error {
         /// kube's error, with the status code when the server answered.
         #[source]
         source: kube::Error,
+    },
+    /// This replica is not, or can no longer prove to be, the leader: nothing is written.
+    #[error("cannot {action}: this replica is not the leader")]
+    NotLeader {
+        /// What the host tried to do.
+        action: String,
     },
     /// The request got no answer within [`API_TIMEOUT`].
     #[error("cannot {action}: no answer from the API server within {timeout:?}")]
@@ -81,7 +88,7 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Encode { .. } => ErrorClass::Permanent,
-            Error::Timeout { .. } => ErrorClass::Transient,
+            Error::Timeout { .. } | Error::NotLeader { .. } => ErrorClass::Transient,
             Error::Api { .. } => classify(self.code()),
         }
     }
@@ -201,6 +208,8 @@ pub struct ClusterWrites {
     manager: String,
     /// Its field manager for failure reports (conditions only).
     report_manager: String,
+    /// Asked before every write.
+    fence: WriteFence,
 }
 
 /// A kube error without the noise of its debug form.
@@ -215,7 +224,7 @@ fn short(e: &kube::Error) -> String {
 
 impl ClusterWrites {
     /// Cluster access for parents of kind `parent`, reconciled by `plugin`.
-    pub fn new(client: Client, parent: &KindRef, plugin: &str) -> Self {
+    pub fn new(client: Client, parent: &KindRef, plugin: &str, fence: WriteFence) -> Self {
         let reporter = Reporter {
             controller: format!("capstan/{plugin}"),
             instance: std::env::var("POD_NAME").ok(),
@@ -227,7 +236,20 @@ impl ClusterWrites {
             client,
             manager: plan::field_manager(plugin),
             report_manager: plan::report_field_manager(plugin),
+            fence,
         }
+    }
+
+    /// Runs one write request, only while the [`WriteFence`] is open.
+    async fn write<T>(
+        &self,
+        action: impl FnOnce() -> String,
+        fut: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T> {
+        if !self.fence.is_open() {
+            return Err(Error::NotLeader { action: action() });
+        }
+        request(action, fut).await
     }
 
     fn parent_api(&self, obj: &DynamicObject) -> Api<DynamicObject> {
@@ -357,11 +379,12 @@ impl ClusterWrites {
     ) -> Result<ChildOutcome> {
         let mut params = PatchParams::apply(&self.manager);
         params.force = force;
-        let written = request(
-            &action,
-            api.patch(&child.name, &params, &Patch::Apply(&child.manifest)),
-        )
-        .await?;
+        let written = self
+            .write(
+                &action,
+                api.patch(&child.name, &params, &Patch::Apply(&child.manifest)),
+            )
+            .await?;
         if has_manager(&written, LEGACY_FIELD_MANAGER) {
             self.drop_legacy_manager(api, &written, &child.manifest, &action)
                 .await?;
@@ -387,7 +410,7 @@ impl ClusterWrites {
             "kind": manifest.get("kind"),
             "metadata": {"name": written.name_any()},
         });
-        request(
+        self.write(
             || format!("{} (releasing the legacy field manager)", action()),
             api.patch(
                 &written.name_any(),
@@ -415,11 +438,12 @@ impl ClusterWrites {
             ..DeleteParams::default()
         };
         let api = self.child_api(ar, kind.namespaced, field("/metadata/namespace"));
-        match request(
-            || format!("prune {} {name:?}", kind.kind),
-            api.delete(name, &params),
-        )
-        .await
+        match self
+            .write(
+                || format!("prune {} {name:?}", kind.kind),
+                api.delete(name, &params),
+            )
+            .await
         {
             Ok(_) => Ok(()),
             // Gone already, or another object by now (the UID precondition failed).
@@ -443,7 +467,7 @@ impl ClusterWrites {
                 "kind": self.parent.kind,
                 "metadata": {"name": parent.name_any()},
             });
-            request(
+            self.write(
                 || "write status (releasing the legacy field manager)".into(),
                 self.parent_api(parent).patch_status(
                     &parent.name_any(),
@@ -484,7 +508,7 @@ impl ClusterWrites {
             },
             "status": status,
         });
-        request(
+        self.write(
             || "write status".into(),
             self.parent_api(parent).patch_status(
                 &parent.name_any(),
@@ -516,15 +540,16 @@ impl ClusterWrites {
 
     async fn replace_finalizers(&self, parent: &DynamicObject, next: Vec<String>) -> Result<()> {
         let patch = json!({"metadata": {"finalizers": next, "resourceVersion": parent.metadata.resource_version}});
-        match request(
-            || "update finalizers".into(),
-            self.parent_api(parent).patch(
-                &parent.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            ),
-        )
-        .await
+        match self
+            .write(
+                || "update finalizers".into(),
+                self.parent_api(parent).patch(
+                    &parent.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                ),
+            )
+            .await
         {
             Ok(_) => Ok(()),
             Err(e) if is_status(&e, 404) => Ok(()),
@@ -545,11 +570,12 @@ impl ClusterWrites {
             secondary: None,
         };
         let reference = parent.object_ref(&self.parent);
-        if let Err(e) = request(
-            || format!("post event {}", event.reason),
-            self.recorder.publish(&ev, &reference),
-        )
-        .await
+        if let Err(e) = self
+            .write(
+                || format!("post event {}", event.reason),
+                self.recorder.publish(&ev, &reference),
+            )
+            .await
         {
             tracing::warn!(reason = %event.reason, "{e}");
         }

@@ -15,6 +15,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use tokio::task::JoinHandle;
 
 use super::cluster::{ChildKinds, ClusterWrites, api_resource};
+use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::reconcile::{self, Context};
 use crate::plugin::Plugin;
@@ -28,6 +29,9 @@ pub struct ControllerOptions {
     pub default_resync: Duration,
     /// How many parents of one plugin may be reconciled at once.
     pub concurrency: u16,
+    /// Shut while this replica is not (or can no longer prove to be) the leader: every
+    /// write of a reconcile asks it first.
+    pub fence: WriteFence,
 }
 
 /// A running controller; stopping it aborts its task.
@@ -75,7 +79,7 @@ impl RunningController {
         }
         let ctx = Arc::new(Context::new(
             plugin.clone(),
-            ClusterWrites::new(client.clone(), &info.parent, &info.name),
+            ClusterWrites::new(client.clone(), &info.parent, &info.name, opts.fence.clone()),
             children,
             metrics,
             opts.default_resync,

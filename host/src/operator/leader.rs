@@ -1,14 +1,32 @@
 //! Leader election on a `coordination.k8s.io` Lease, so that several replicas are safe:
-//! only the holder of the lease runs controllers. Every write carries the Lease's
-//! resourceVersion, so two candidates can never both believe they took it.
+//! only the holder of the lease runs controllers, and a holder that cannot prove it
+//! still holds the lease stops writing before anyone else may take it.
+//!
+//! The rules are client-go's:
+//! - A candidate never compares the holder's `renewTime` with its own clock (clocks
+//!   skew). It remembers when *it* last saw the record change, on its monotonic clock,
+//!   and takes the lease over only when the record has not changed for a whole
+//!   `lease_duration` since.
+//! - The holder renews every `retry_period`; each attempt is bounded by the time left
+//!   before its `renew_deadline` (shorter than the lease), so a half-open connection
+//!   cannot keep it waiting. Past the deadline it is no longer leader.
+//! - Every write of the reconcile pipeline first asks the [`WriteFence`]: it is open
+//!   only until `renew_deadline` after the start of the last successful renewal. A
+//!   process that was paused (SIGSTOP, a long GC-like stall) wakes up with the fence
+//!   shut, whatever its tasks try first, because the fence reads the monotonic clock.
+//!
+//! Lease writes carry the resourceVersion read, so two candidates can never both
+//! believe they took it.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
+use tokio::time::Instant;
 
 /// Options of leader election.
 #[derive(Debug, Clone)]
@@ -19,22 +37,112 @@ pub struct LeaderElectionOptions {
     pub name: String,
     /// This candidate's identity (the Pod's name in a cluster).
     pub identity: String,
-    /// How long a lease lasts without renewal; the holder renews every third of it.
+    /// How long other candidates wait, after they last saw the record change, before
+    /// they take the lease over.
     pub lease_duration: Duration,
+    /// How long the holder keeps leading without a successful renewal; shorter than
+    /// `lease_duration`, so it stops before anyone else may start.
+    pub renew_deadline: Duration,
+    /// How often the holder renews and candidates try.
+    pub retry_period: Duration,
+}
+
+impl LeaderElectionOptions {
+    /// Options with client-go's proportions for a lease of `lease_duration`: renew
+    /// deadline two thirds of it, retry period a seventh-and-a-half (15 s, 10 s, 2 s).
+    pub fn new(namespace: &str, name: &str, identity: &str, lease_duration: Duration) -> Self {
+        LeaderElectionOptions {
+            namespace: namespace.into(),
+            name: name.into(),
+            identity: identity.into(),
+            lease_duration,
+            renew_deadline: lease_duration * 2 / 3,
+            retry_period: (lease_duration * 2 / 15).max(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Whether this process may write: always without leader election; with it, only
+/// until the renew deadline after the last successful renewal.
+#[derive(Debug, Clone, Default)]
+pub struct WriteFence {
+    /// `None`: no leader election, always open. Else: open until this instant.
+    until: Option<Arc<Mutex<Instant>>>,
+}
+
+impl WriteFence {
+    /// A fence that starts shut and opens on [`WriteFence::renewed`].
+    pub fn for_leader_election() -> Self {
+        WriteFence {
+            until: Some(Arc::new(Mutex::new(Instant::now()))),
+        }
+    }
+
+    /// Whether writes are allowed now.
+    pub fn is_open(&self) -> bool {
+        match &self.until {
+            None => true,
+            Some(until) => Instant::now() < *until.lock().expect("fence lock"),
+        }
+    }
+
+    /// Records a successful renewal that started at `started`.
+    fn renewed(&self, started: Instant, renew_deadline: Duration) {
+        if let Some(until) = &self.until {
+            *until.lock().expect("fence lock") = started + renew_deadline;
+        }
+    }
+
+    /// The instant the fence shuts, if it can.
+    fn deadline(&self) -> Option<Instant> {
+        self.until
+            .as_ref()
+            .map(|until| *until.lock().expect("fence lock"))
+    }
+
+    /// Shuts the fence now (the lease was lost or given up).
+    pub fn shut(&self) {
+        if let Some(until) = &self.until {
+            *until.lock().expect("fence lock") = Instant::now();
+        }
+    }
+}
+
+/// What a candidate remembers of the lease record: the record and when (on this
+/// process's monotonic clock) it last saw it change.
+#[derive(Debug, Clone)]
+struct Observed {
+    record: (Option<String>, Option<MicroTime>, Option<i32>),
+    at: Instant,
 }
 
 /// One candidate for the lease.
 pub struct LeaseLock {
     api: Api<Lease>,
     opts: LeaderElectionOptions,
+    observed: Mutex<Option<Observed>>,
+    fence: WriteFence,
+}
+
+/// Why a lease operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed the request.
+    #[error("lease request failed: {0}")]
+    Api(#[source] kube::Error),
+    /// The request got no answer in time.
+    #[error("lease request got no answer within {0:?}")]
+    Timeout(Duration),
 }
 
 impl LeaseLock {
-    /// A candidate with `opts`.
-    pub fn new(client: Client, opts: LeaderElectionOptions) -> Self {
+    /// A candidate with `opts`, guarding writes through `fence`.
+    pub fn new(client: Client, opts: LeaderElectionOptions, fence: WriteFence) -> Self {
         LeaseLock {
             api: Api::namespaced(client, &opts.namespace),
             opts,
+            observed: Mutex::new(None),
+            fence,
         }
     }
 
@@ -45,90 +153,185 @@ impl LeaseLock {
 
     /// Takes the lease if it is free or expired, renews it if held: returns whether this
     /// candidate holds it now. A conflicting write by another candidate is `Ok(false)`.
-    pub async fn try_acquire_or_renew(&self) -> Result<bool, kube::Error> {
+    /// The whole attempt is bounded by `timeout`.
+    pub async fn try_acquire_or_renew(&self, timeout: Duration) -> Result<bool, Error> {
+        let started = Instant::now();
+        let held = tokio::time::timeout(timeout, self.attempt())
+            .await
+            .map_err(|_| Error::Timeout(timeout))??;
+        if held {
+            self.fence.renewed(started, self.opts.renew_deadline);
+        }
+        Ok(held)
+    }
+
+    async fn attempt(&self) -> Result<bool, Error> {
         let now = Timestamp::now();
         let duration_s = self.opts.lease_duration.as_secs().max(1) as i32;
-        let Some(mut lease) = self.api.get_opt(&self.opts.name).await? else {
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.opts.name)
+            .await
+            .map_err(Error::Api)?
+        else {
+            let spec = LeaseSpec {
+                holder_identity: Some(self.opts.identity.clone()),
+                lease_duration_seconds: Some(duration_s),
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_transitions: Some(0),
+                ..Default::default()
+            };
             let lease = Lease {
                 metadata: kube::api::ObjectMeta {
                     name: Some(self.opts.name.clone()),
                     ..Default::default()
                 },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(self.opts.identity.clone()),
-                    lease_duration_seconds: Some(duration_s),
-                    acquire_time: Some(MicroTime(now)),
-                    renew_time: Some(MicroTime(now)),
-                    lease_transitions: Some(0),
-                    ..Default::default()
-                }),
+                spec: Some(spec.clone()),
             };
-            return conflict_is_false(self.api.create(&PostParams::default(), &lease).await);
+            let created = conflict_is_false(self.api.create(&PostParams::default(), &lease).await)?;
+            if created {
+                self.observe(&spec, Instant::now());
+            }
+            return Ok(created);
         };
         let spec = lease.spec.clone().unwrap_or_default();
+        let seen_at = self.observe(&spec, Instant::now());
         let mine = spec.holder_identity.as_deref() == Some(self.opts.identity.as_str());
-        if !mine && !expired(&spec, now) {
+        let free = spec.holder_identity.as_deref().is_none_or(str::is_empty);
+        if !mine && !free && seen_at.elapsed() < self.opts.lease_duration {
             return Ok(false);
         }
         let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!mine);
-        lease.spec = Some(LeaseSpec {
+        let next = LeaseSpec {
             holder_identity: Some(self.opts.identity.clone()),
             lease_duration_seconds: Some(duration_s),
             acquire_time: if mine {
-                spec.acquire_time
+                spec.acquire_time.clone()
             } else {
                 Some(MicroTime(now))
             },
             renew_time: Some(MicroTime(now)),
             lease_transitions: Some(transitions),
             ..spec
-        });
-        conflict_is_false(
+        };
+        lease.spec = Some(next.clone());
+        let written = conflict_is_false(
             self.api
                 .replace(&self.opts.name, &PostParams::default(), &lease)
                 .await,
-        )
-    }
-
-    /// Gives the lease up (on shutdown), so another candidate takes over at once.
-    pub async fn release(&self) -> Result<(), kube::Error> {
-        let Some(mut lease) = self.api.get_opt(&self.opts.name).await? else {
-            return Ok(());
-        };
-        let Some(spec) = lease.spec.as_mut() else {
-            return Ok(());
-        };
-        if spec.holder_identity.as_deref() != Some(self.opts.identity.as_str()) {
-            return Ok(());
+        )?;
+        if written {
+            self.observe(&next, Instant::now());
         }
-        spec.holder_identity = None;
-        spec.renew_time = None;
-        conflict_is_false(
-            self.api
-                .replace(&self.opts.name, &PostParams::default(), &lease)
-                .await,
-        )
-        .map(|_| ())
+        Ok(written)
+    }
+
+    fn observe(&self, spec: &LeaseSpec, now: Instant) -> Instant {
+        observe(&self.observed, spec, now)
+    }
+
+    /// Gives the lease up (on shutdown), so another candidate takes over at once. The
+    /// fence shuts first: nothing is written after the lease is released.
+    pub async fn release(&self) -> Result<(), Error> {
+        self.fence.shut();
+        let timeout = self.opts.renew_deadline;
+        tokio::time::timeout(timeout, async {
+            let Some(mut lease) = self
+                .api
+                .get_opt(&self.opts.name)
+                .await
+                .map_err(Error::Api)?
+            else {
+                return Ok(());
+            };
+            let Some(spec) = lease.spec.as_mut() else {
+                return Ok(());
+            };
+            if spec.holder_identity.as_deref() != Some(self.opts.identity.as_str()) {
+                return Ok(());
+            }
+            spec.holder_identity = None;
+            spec.renew_time = None;
+            conflict_is_false(
+                self.api
+                    .replace(&self.opts.name, &PostParams::default(), &lease)
+                    .await,
+            )
+            .map(|_| ())
+        })
+        .await
+        .map_err(|_| Error::Timeout(timeout))?
+    }
+
+    /// Waits until this candidate holds the lease.
+    pub async fn acquire(&self) {
+        let o = &self.opts;
+        tracing::info!(lease = %format!("{}/{}", o.namespace, o.name), identity = %o.identity, "waiting for the leader lease");
+        loop {
+            match self
+                .try_acquire_or_renew(o.retry_period.max(o.renew_deadline / 2))
+                .await
+            {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => tracing::warn!("leader election: {e}"),
+            }
+            tokio::time::sleep(o.retry_period).await;
+        }
+        tracing::info!(identity = %o.identity, "became the leader");
+    }
+
+    /// Renews the lease every retry period; returns (with the fence shut) once the lease
+    /// went to another candidate or could not be renewed before the renew deadline.
+    pub async fn hold(&self) -> anyhow::Error {
+        loop {
+            tokio::time::sleep(self.opts.retry_period).await;
+            let Some(deadline) = self.fence.deadline() else {
+                return anyhow::anyhow!("leader election without a fence");
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.fence.shut();
+                return anyhow::anyhow!(
+                    "could not renew the leader lease within {:?}",
+                    self.opts.renew_deadline
+                );
+            }
+            match self.try_acquire_or_renew(left).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.fence.shut();
+                    return anyhow::anyhow!("lost the leader lease to another replica");
+                }
+                Err(e) => tracing::warn!("cannot renew the leader lease: {e}"),
+            }
+        }
     }
 }
 
-/// A lease is expired when no holder renewed it within its duration.
-fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
-    let (Some(holder), Some(renewed)) = (&spec.holder_identity, &spec.renew_time) else {
-        return true;
-    };
-    if holder.is_empty() {
-        return true;
+/// Remembers `spec` in `observed` and returns when it was first seen as it is now.
+fn observe(observed: &Mutex<Option<Observed>>, spec: &LeaseSpec, now: Instant) -> Instant {
+    let record = (
+        spec.holder_identity.clone(),
+        spec.renew_time.clone(),
+        spec.lease_transitions,
+    );
+    let mut observed = observed.lock().expect("observed lock");
+    match observed.as_ref() {
+        Some(o) if o.record == record => o.at,
+        _ => {
+            *observed = Some(Observed { record, at: now });
+            now
+        }
     }
-    let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
-    renewed.0 + duration < now
 }
 
-fn conflict_is_false<T>(result: Result<T, kube::Error>) -> Result<bool, kube::Error> {
+fn conflict_is_false<T>(result: Result<T, kube::Error>) -> Result<bool, Error> {
     match result {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(e),
+        Err(e) => Err(Error::Api(e)),
     }
 }
 
@@ -137,17 +340,72 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lease_expires_after_its_duration_without_renewal() {
-        let now = Timestamp::now();
-        let spec = |holder: Option<&str>, ago: i64| LeaseSpec {
-            holder_identity: holder.map(String::from),
-            renew_time: Some(MicroTime(now - SignedDuration::from_secs(ago))),
-            lease_duration_seconds: Some(10),
+    fn client_go_proportions() {
+        let o = LeaderElectionOptions::new("ns", "l", "me", Duration::from_secs(15));
+        assert_eq!(o.renew_deadline, Duration::from_secs(10));
+        assert_eq!(o.retry_period, Duration::from_secs(2));
+        assert!(o.renew_deadline < o.lease_duration);
+    }
+
+    /// An instant `d` before now, as a process paused for `d` would see its last renewal.
+    fn ago(d: Duration) -> Instant {
+        Instant::now()
+            .checked_sub(d)
+            .expect("the monotonic clock is older than that")
+    }
+
+    #[test]
+    fn the_fence_opens_on_renewal_and_shuts_at_the_renew_deadline() {
+        let fence = WriteFence::for_leader_election();
+        assert!(
+            !fence.is_open(),
+            "a candidate that never renewed may not write"
+        );
+        fence.renewed(ago(Duration::from_secs(9)), Duration::from_secs(10));
+        assert!(fence.is_open());
+        // Paused past the deadline (SIGSTOP): shut on waking, before any renewal.
+        fence.renewed(ago(Duration::from_secs(11)), Duration::from_secs(10));
+        assert!(!fence.is_open());
+        fence.renewed(Instant::now(), Duration::from_secs(10));
+        fence.shut();
+        assert!(!fence.is_open());
+        assert!(
+            WriteFence::default().is_open(),
+            "no leader election: always open"
+        );
+    }
+
+    #[test]
+    fn takeover_waits_a_lease_duration_from_when_the_record_last_changed() {
+        // Only the local observation time counts, never the holder's renewTime: a
+        // renewTime far in the future (a holder with a skewed clock) changes nothing.
+        let seen = Mutex::new(None::<Observed>);
+        let skewed = LeaseSpec {
+            holder_identity: Some("other".into()),
+            renew_time: Some(MicroTime(
+                Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(5),
+            )),
+            lease_transitions: Some(1),
             ..Default::default()
         };
-        assert!(!expired(&spec(Some("a"), 5), now));
-        assert!(expired(&spec(Some("a"), 11), now));
-        assert!(expired(&spec(None, 0), now), "released");
-        assert!(expired(&spec(Some(""), 0), now), "released");
+        let first = observe(&seen, &skewed, ago(Duration::from_secs(16)));
+        let later = observe(&seen, &skewed, Instant::now());
+        assert_eq!(
+            later, first,
+            "an unchanged record keeps its first observation time"
+        );
+        assert!(
+            later.elapsed() >= Duration::from_secs(15),
+            "expired by the local clock"
+        );
+        let renewed = LeaseSpec {
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..skewed
+        };
+        let again = observe(&seen, &renewed, Instant::now());
+        assert!(
+            again.elapsed() < Duration::from_secs(1),
+            "a renewal restarts the wait"
+        );
     }
 }

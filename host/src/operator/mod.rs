@@ -17,7 +17,7 @@ use anyhow::Context as _;
 use kube::Client;
 
 pub use controller::ControllerOptions;
-pub use leader::{LeaderElectionOptions, LeaseLock};
+pub use leader::{LeaderElectionOptions, LeaseLock, WriteFence};
 pub use metrics::{Metrics, PluginState};
 pub use reconcile::FINALIZER;
 pub use registry::{PluginRegistry, RegistryOptions};
@@ -57,12 +57,12 @@ pub async fn run(
     tokio::pin!(shutdown);
     let lock = opts
         .leader_election
-        .map(|le| LeaseLock::new(client.clone(), le));
+        .map(|le| LeaseLock::new(client.clone(), le, opts.registry.controller.fence.clone()));
     if let Some(lock) = &lock {
         // A standby is a healthy, ready process: it just does not reconcile.
         metrics.set_ready();
         tokio::select! {
-            _ = acquire(lock) => {}
+            _ = lock.acquire() => {}
             _ = &mut shutdown => {
                 server.abort();
                 return Ok(());
@@ -75,7 +75,7 @@ pub async fn run(
     let registry_task = tokio::spawn(registry.run_until(stop_rx));
     let lost = async {
         match &lock {
-            Some(lock) => hold(lock).await,
+            Some(lock) => lock.hold().await,
             None => std::future::pending().await,
         }
     };
@@ -94,41 +94,4 @@ pub async fn run(
     }
     server.abort();
     result
-}
-
-/// Waits until this replica holds the lease.
-async fn acquire(lock: &LeaseLock) {
-    let o = lock.options();
-    tracing::info!(lease = %format!("{}/{}", o.namespace, o.name), identity = %o.identity, "waiting for the leader lease");
-    let retry = (o.lease_duration / 5).max(Duration::from_millis(200));
-    loop {
-        match lock.try_acquire_or_renew().await {
-            Ok(true) => break,
-            Ok(false) => {}
-            Err(e) => tracing::warn!("leader election: {e}"),
-        }
-        tokio::time::sleep(retry).await;
-    }
-    tracing::info!(identity = %o.identity, "became the leader");
-}
-
-/// Renews the lease every third of its duration; returns an error once it could not be
-/// renewed for two thirds of it (another replica may take it over after that).
-async fn hold(lock: &LeaseLock) -> anyhow::Error {
-    let duration = lock.options().lease_duration;
-    let mut renewed = tokio::time::Instant::now();
-    loop {
-        tokio::time::sleep(duration / 3).await;
-        match lock.try_acquire_or_renew().await {
-            Ok(true) => renewed = tokio::time::Instant::now(),
-            Ok(false) => return anyhow::anyhow!("lost the leader lease to another replica"),
-            Err(e) => tracing::warn!("cannot renew the leader lease: {e}"),
-        }
-        if renewed.elapsed() > duration * 2 / 3 {
-            return anyhow::anyhow!(
-                "could not renew the leader lease for {:?}",
-                renewed.elapsed()
-            );
-        }
-    }
 }

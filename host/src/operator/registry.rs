@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 
 use super::cluster::ClusterWrites;
 use super::controller::{ControllerOptions, RunningController};
+use super::leader::WriteFence;
 use super::metrics::{Metrics, PluginState};
 use super::reconcile::FINALIZER;
 use crate::plan::HOST_FIELD_MANAGER;
@@ -47,10 +48,22 @@ pub struct PluginRegistry {
     files: BTreeMap<PathBuf, FileState>,
 }
 
+/// A file whose modification time is younger than this may still be being written: it
+/// is loaded once it is this old, or once it kept its size and time for a poll interval.
+const SETTLE: Duration = Duration::from_millis(500);
+/// Longest wait between two attempts to load a file refused for a temporary reason.
+const MAX_RETRY: Duration = Duration::from_secs(60);
+
 #[derive(Default)]
 struct FileState {
     /// (size, mtime) when last read.
     stamp: Option<(u64, SystemTime)>,
+    /// (size, mtime) seen by the last scan while the file was still young.
+    settling: Option<(u64, SystemTime)>,
+    /// A load refused for a reason that can go away (the kind claimed by another file,
+    /// the CRD not installed yet): when to try the same bytes again, and how many
+    /// attempts were made.
+    retry: Option<(Instant, u32)>,
     /// sha256 of the bytes last tried.
     tried_sha: Option<String>,
     /// The version serving, with its controller.
@@ -114,6 +127,14 @@ impl PluginRegistry {
             .filter(|p| !present.contains_key(*p))
             .cloned()
             .collect();
+        if !gone.is_empty() {
+            // A removed file may have held the claim that refused another one.
+            for state in self.files.values_mut() {
+                if let Some((at, _)) = &mut state.retry {
+                    *at = Instant::now();
+                }
+            }
+        }
         for path in gone {
             if let Some(state) = self.files.remove(&path)
                 && let Some((plugin, controller)) = state.serving
@@ -123,8 +144,10 @@ impl PluginRegistry {
                 if plugin.info().finalizer {
                     let client = self.client.clone();
                     let namespace = self.opts.controller.namespace.clone();
+                    let fence = self.opts.controller.fence.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = release_finalizers(client, &plugin, namespace).await {
+                        if let Err(e) = release_finalizers(client, &plugin, namespace, fence).await
+                        {
                             warn!(plugin = %plugin.info().name, "cannot release the finalizers of a removed plugin: {e}");
                         }
                     });
@@ -135,8 +158,18 @@ impl PluginRegistry {
         for (path, stamp) in present {
             let state = self.files.entry(path.clone()).or_default();
             if state.stamp == Some(stamp) {
+                if state.retry.is_some_and(|(at, _)| at <= Instant::now()) {
+                    self.consider(&path).await;
+                }
                 continue;
             }
+            let young = stamp.1.elapsed().is_ok_and(|age| age < SETTLE);
+            if young && state.settling != Some(stamp) {
+                // Still being written, perhaps: look again at the next scan.
+                state.settling = Some(stamp);
+                continue;
+            }
+            state.settling = None;
             state.stamp = Some(stamp);
             self.consider(&path).await;
         }
@@ -150,8 +183,12 @@ impl PluginRegistry {
         };
         let sha = sha256_hex(&bytes);
         let state = self.files.get_mut(path).expect("state exists");
-        if state.tried_sha.as_deref() == Some(sha.as_str()) {
+        let retry_due = state.retry.is_some_and(|(at, _)| at <= Instant::now());
+        if state.tried_sha.as_deref() == Some(sha.as_str()) && !retry_due {
             return;
+        }
+        if state.tried_sha.as_deref() != Some(sha.as_str()) {
+            state.retry = None;
         }
         state.tried_sha = Some(sha);
         let sandbox = self.sandbox.clone();
@@ -169,7 +206,7 @@ impl PluginRegistry {
             }
         };
         if let Some(other) = self.claimant(&plugin, path) {
-            return self.failed(
+            return self.failed_for_now(
                 path,
                 format!(
                     "{} and {} both reconcile {}: keeping {}, refusing {}",
@@ -184,7 +221,7 @@ impl PluginRegistry {
         if self.opts.install_crds
             && let Err(e) = install_crd(&self.client, &plugin).await
         {
-            return self.failed(
+            return self.failed_for_now(
                 path,
                 format!("{}: cannot install the CRD: {e}", path.display()),
             );
@@ -203,6 +240,7 @@ impl PluginRegistry {
             &self.opts.controller,
         );
         state.error = None;
+        state.retry = None;
         self.metrics.set_plugin(PluginState {
             file: path.display().to_string(),
             name: Some(plugin.info().name.clone()),
@@ -214,12 +252,26 @@ impl PluginRegistry {
         state.serving = Some((plugin, controller));
     }
 
-    /// Another file whose serving plugin reconciles the same parent kind.
+    /// Another file whose serving plugin reconciles the same parent kind. Claims are
+    /// by group and kind, whatever the version: two plugins for `Foo/v1` and
+    /// `Foo/v1beta1` would reconcile the very same objects and fight over them.
     fn claimant(&self, plugin: &Plugin, path: &Path) -> Option<PathBuf> {
+        let kind = &plugin.info().parent;
         self.files.iter().find_map(|(p, s)| {
             let (other, _) = s.serving.as_ref()?;
-            (p != path && other.info().parent == plugin.info().parent).then(|| p.clone())
+            let theirs = &other.info().parent;
+            (p != path && theirs.group == kind.group && theirs.kind == kind.kind).then(|| p.clone())
         })
+    }
+
+    /// Records a failed load whose reason may go away; the same bytes are tried again
+    /// with exponential backoff (1 s, 2 s, 4 s … up to a minute).
+    fn failed_for_now(&mut self, path: &Path, message: String) {
+        self.failed(path, message);
+        let state = self.files.get_mut(path).expect("state exists");
+        let attempts = state.retry.map_or(0, |(_, n)| n) + 1;
+        let wait = Duration::from_secs(1u64 << (attempts - 1).min(6)).min(MAX_RETRY);
+        state.retry = Some((Instant::now() + wait, attempts));
     }
 
     /// Records a failed load; whatever version was serving keeps serving.
@@ -269,6 +321,7 @@ async fn release_finalizers(
     client: Client,
     plugin: &Plugin,
     namespace: Option<String>,
+    fence: WriteFence,
 ) -> anyhow::Result<()> {
     let info = plugin.info();
     let ar = super::cluster::api_resource(&info.parent);
@@ -276,7 +329,7 @@ async fn release_finalizers(
         (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
         _ => Api::all_with(client.clone(), &ar),
     };
-    let writes = ClusterWrites::new(client, &info.parent, &info.name);
+    let writes = ClusterWrites::new(client, &info.parent, &info.name, fence);
     let parents = api.list(&ListParams::default()).await?;
     let (mut released, mut pending) = (0, 0);
     for parent in parents.items {
