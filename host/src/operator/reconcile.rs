@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
@@ -33,8 +33,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Resync period when the plugin sets none.
     pub default_resync: Duration,
-    /// Consecutive transient failures per parent UID, for backoff.
-    failures: Mutex<HashMap<String, u32>>,
+    /// Consecutive failures per parent UID, with the time of the last one, for backoff.
+    failures: Mutex<HashMap<String, (u32, Instant)>>,
 }
 
 impl Context {
@@ -67,9 +67,13 @@ impl Context {
     /// Exponential backoff with jitter: 1 s, 2 s, 4 s … up to 5 min, times 0.5–1.0.
     fn backoff(&self, uid: &str) -> Duration {
         let mut failures = self.failures.lock().expect("failures lock");
-        let n = failures.entry(uid.to_string()).or_insert(0);
+        forget_stale(&mut failures, Instant::now());
+        let (n, last) = failures
+            .entry(uid.to_string())
+            .or_insert((0, Instant::now()));
         *n = n.saturating_add(1);
-        let base = Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300));
+        *last = Instant::now();
+        let base = Duration::from_secs(1u64 << (*n - 1).min(8)).min(MAX_BACKOFF);
         let jitter = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish()
@@ -80,6 +84,16 @@ impl Context {
     fn succeeded(&self, uid: &str) {
         self.failures.lock().expect("failures lock").remove(uid);
     }
+}
+
+/// Longest backoff between two attempts of a failing parent.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Drops the failure counts of parents that have not failed for twice the longest
+/// backoff: they succeeded since, or were deleted (the controller never reconciles a
+/// parent that is gone, so nothing else would ever remove its entry).
+fn forget_stale(failures: &mut HashMap<String, (u32, Instant)>, now: Instant) {
+    failures.retain(|_, (_, last)| now.duration_since(*last) < MAX_BACKOFF * 2);
 }
 
 /// A reconcile that did not complete, and how the host reacts to it.
@@ -422,4 +436,50 @@ async fn report_failure(obj: &DynamicObject, parent: &Value, ctx: &Context, fail
     }
     let event = plan::warning(failure.reason(), failure.to_string());
     ctx.cluster.publish(obj, &event).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_counts_of_parents_quiet_for_long_are_forgotten() {
+        let now = Instant::now();
+        let mut failures = HashMap::from([
+            ("recent".to_string(), (3, now - Duration::from_secs(60))),
+            (
+                "gone".to_string(),
+                (9, now - MAX_BACKOFF * 2 - Duration::from_secs(1)),
+            ),
+        ]);
+        forget_stale(&mut failures, now);
+        assert_eq!(failures.keys().collect::<Vec<_>>(), ["recent"]);
+    }
+
+    #[test]
+    fn api_failures_react_by_status_class() {
+        let api = |code: u16| {
+            Failure::Api(cluster::Error::Api {
+                action: "apply".into(),
+                source: kube::Error::Api(Box::new(
+                    kube::core::Status::failure("m", "r").with_code(code),
+                )),
+            })
+        };
+        assert_eq!(api(422).reaction(), Reaction::ReportAndResync);
+        assert_eq!(api(403).reaction(), Reaction::ReportAndResync);
+        assert_eq!(api(409).reaction(), Reaction::RetrySoon);
+        assert_eq!(api(429).reaction(), Reaction::Backoff);
+        assert_eq!(api(503).reaction(), Reaction::Backoff);
+        assert_eq!(api(409).reason(), "Conflict");
+        assert_eq!(api(422).reason(), "ApplyFailed");
+        assert_eq!(
+            Failure::InvalidSpec("x".into()).reaction(),
+            Reaction::ReportAndWait
+        );
+        assert_eq!(
+            Failure::Retry("x".into()).reaction(),
+            Reaction::ReportAndBackoff
+        );
+    }
 }
