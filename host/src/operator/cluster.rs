@@ -593,7 +593,289 @@ fn has_manager(obj: &DynamicObject, manager: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fake_api::{self, Call};
     use super::*;
+    use http::Method;
+
+    fn configmaps() -> ChildKinds {
+        ChildKinds::new(&[KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        }])
+    }
+
+    fn widget_kind() -> KindRef {
+        KindRef {
+            group: "test.capstan.dev".into(),
+            version: "v1".into(),
+            kind: "Widget".into(),
+            plural: "widgets".into(),
+            namespaced: true,
+        }
+    }
+
+    fn parent() -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "uid-w", "resourceVersion": "42"},
+            "spec": {}, "status": {"uuid": "x"},
+        }))
+        .unwrap()
+    }
+
+    fn child(name: &str) -> PlannedChild {
+        PlannedChild {
+            kind_index: 0,
+            name: name.into(),
+            manifest: json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": "ns",
+                    "ownerReferences": [{"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+                        "name": "w", "uid": "uid-w", "controller": true}]},
+                "data": {"message": "hello"},
+            }),
+        }
+    }
+
+    fn fake(
+        handler: impl Fn(&Call) -> (u16, Value) + Send + Sync + 'static,
+    ) -> (ClusterWrites, fake_api::Calls) {
+        let (client, calls) = fake_api::client(handler);
+        (
+            ClusterWrites::new(client, &widget_kind(), "widget", WriteFence::default()),
+            calls,
+        )
+    }
+
+    fn existing(owner_uid: Option<&str>, annotations: Value) -> (u16, Value) {
+        let owners = owner_uid.map(|uid| {
+            json!([{"apiVersion": "test.capstan.dev/v1", "kind": "Widget", "name": "other",
+                    "uid": uid, "controller": true}])
+        });
+        (
+            200,
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c",
+                                "ownerReferences": owners, "annotations": annotations},
+                   "data": {"k": "mine"}}),
+        )
+    }
+
+    /// A handler that answers reads of `c` with `get` and applies like a server.
+    fn server(get: (u16, Value)) -> impl Fn(&Call) -> (u16, Value) + Send + Sync + 'static {
+        move |call: &Call| match call.method {
+            Method::GET => get.clone(),
+            Method::PATCH => fake_api::applied(&call.body, json!([])),
+            _ => fake_api::status(405, "MethodNotAllowed", "unexpected"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_object_the_parent_does_not_control_is_read_and_never_written() {
+        for get in [
+            existing(None, json!({})),
+            existing(Some("uid-other"), json!({})),
+            existing(
+                Some("uid-other"),
+                json!({"capstan.dev/allow-adoption-by": "widgets.test.capstan.dev/w"}),
+            ),
+            existing(
+                None,
+                json!({"capstan.dev/allow-adoption-by": "widgets.test.capstan.dev/another"}),
+            ),
+        ] {
+            let (writes, calls) = fake(server(get));
+            let outcome = writes
+                .apply_child(&configmaps(), &parent(), &child("c"), false)
+                .await
+                .unwrap();
+            assert!(matches!(outcome, ChildOutcome::Conflict(_)), "{outcome:?}");
+            assert_eq!(calls.summary(), ["GET /api/v1/namespaces/ns/configmaps/c"]);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_absent_child_is_created_with_the_plugins_manager_and_without_force() {
+        let (writes, calls) = fake(server(fake_api::status(404, "NotFound", "not found")));
+        let outcome = writes
+            .apply_child(&configmaps(), &parent(), &child("c"), false)
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            ChildOutcome::Applied {
+                resource_version: Some("7".into())
+            }
+        );
+        let all = calls.all();
+        assert_eq!(
+            calls.summary(),
+            [
+                "GET /api/v1/namespaces/ns/configmaps/c",
+                "PATCH /api/v1/namespaces/ns/configmaps/c"
+            ]
+        );
+        assert!(
+            all[1].has_query("fieldManager=capstan%2Fwidget"),
+            "{}",
+            all[1].query
+        );
+        assert!(!all[1].has_query("force=true"), "{}", all[1].query);
+    }
+
+    #[tokio::test]
+    async fn a_consenting_object_is_adopted_and_a_controlled_one_applied_with_force() {
+        let consenting = existing(
+            None,
+            json!({"capstan.dev/allow-adoption-by": "widgets.test.capstan.dev/w"}),
+        );
+        let (writes, calls) = fake(server(consenting));
+        let outcome = writes
+            .apply_child(&configmaps(), &parent(), &child("c"), false)
+            .await
+            .unwrap();
+        assert_eq!(outcome, ChildOutcome::Adopted);
+        assert!(calls.all()[1].has_query("force=true"));
+
+        let (writes, calls) = fake(server(existing(Some("uid-w"), json!({}))));
+        let outcome = writes
+            .apply_child(&configmaps(), &parent(), &child("c"), false)
+            .await
+            .unwrap();
+        assert!(matches!(outcome, ChildOutcome::Applied { .. }));
+        assert!(calls.all()[1].has_query("force=true"));
+    }
+
+    #[tokio::test]
+    async fn an_observed_child_is_applied_without_a_read() {
+        let (writes, calls) = fake(server(fake_api::status(
+            500,
+            "InternalError",
+            "no reads expected",
+        )));
+        writes
+            .apply_child(&configmaps(), &parent(), &child("c"), true)
+            .await
+            .unwrap();
+        assert_eq!(
+            calls.summary(),
+            ["PATCH /api/v1/namespaces/ns/configmaps/c"]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_legacy_shared_manager_is_released_after_the_plugins_apply() {
+        let (writes, calls) = fake(|call: &Call| {
+            let legacy = json!([{"manager": "capstan", "operation": "Apply"},
+                                {"manager": "capstan/widget", "operation": "Apply"}]);
+            fake_api::applied(&call.body, legacy)
+        });
+        writes
+            .apply_child(&configmaps(), &parent(), &child("c"), true)
+            .await
+            .unwrap();
+        let all = calls.all();
+        assert_eq!(all.len(), 2, "{:?}", calls.summary());
+        assert!(all[0].has_query("fieldManager=capstan%2Fwidget"));
+        assert!(all[1].has_query("fieldManager=capstan"), "{}", all[1].query);
+        assert_eq!(
+            all[1].body,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}),
+            "an empty apply releases exactly what the old manager alone held"
+        );
+    }
+
+    #[tokio::test]
+    async fn status_writes_carry_the_resource_version_and_reports_touch_only_conditions() {
+        let (writes, calls) = fake(|call: &Call| fake_api::applied(&call.body, json!([])));
+        writes
+            .write_status(&parent(), &json!({"uuid": "x", "conditions": []}))
+            .await
+            .unwrap();
+        writes
+            .write_conditions(&parent(), &json!([{"type": "Ready", "status": "False"}]))
+            .await
+            .unwrap();
+        let all = calls.all();
+        assert_eq!(
+            all[0].path,
+            "/apis/test.capstan.dev/v1/namespaces/ns/widgets/w/status"
+        );
+        assert_eq!(all[0].body["metadata"]["resourceVersion"], "42");
+        assert!(all[0].has_query("fieldManager=capstan%2Fwidget"));
+        assert_eq!(all[1].body["metadata"]["resourceVersion"], "42");
+        assert!(
+            all[1].has_query("fieldManager=capstan%2Fwidget%2Freport"),
+            "{}",
+            all[1].query
+        );
+        let keys: Vec<&String> = all[1].body["status"].as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            ["conditions"],
+            "a report never carries the plugin's fields"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_status_write_is_a_conflict_and_a_refusal_is_permanent() {
+        let (writes, _) =
+            fake(|_: &Call| fake_api::status(409, "Conflict", "the object has been modified"));
+        let err = writes
+            .write_status(&parent(), &json!({}))
+            .await
+            .unwrap_err();
+        assert_eq!((err.code(), err.class()), (Some(409), ErrorClass::Conflict));
+        let (writes, _) =
+            fake(|_: &Call| fake_api::status(422, "Invalid", "spec.x: Invalid value"));
+        let err = writes
+            .apply_child(&configmaps(), &parent(), &child("c"), true)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (err.code(), err.class()),
+            (Some(422), ErrorClass::Permanent)
+        );
+        assert!(err.to_string().contains("spec.x: Invalid value"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn prune_deletes_with_the_uid_precondition_and_tolerates_gone_or_replaced() {
+        for answer in [200, 404, 409] {
+            let (writes, calls) = fake(move |_: &Call| match answer {
+                200 => (200, json!({"kind": "Status", "status": "Success"})),
+                code => fake_api::status(code, "x", "y"),
+            });
+            let observed = ObservedChild {
+                kind_index: 0,
+                object: json!({"metadata": {"name": "c", "namespace": "ns", "uid": "uid-c"}}),
+            };
+            writes.prune_child(&configmaps(), &observed).await.unwrap();
+            let all = calls.all();
+            assert_eq!(all[0].method, Method::DELETE);
+            assert_eq!(all[0].body["preconditions"]["uid"], "uid-c");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_shut_fence_lets_nothing_through() {
+        let (client, calls) =
+            fake_api::client(|call: &Call| fake_api::applied(&call.body, json!([])));
+        let fence = WriteFence::for_leader_election();
+        let writes = ClusterWrites::new(client, &widget_kind(), "widget", fence);
+        let err = writes
+            .apply_child(&configmaps(), &parent(), &child("c"), true)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::NotLeader { .. }), "{err}");
+        assert!(writes.write_status(&parent(), &json!({})).await.is_err());
+        assert!(writes.remove_finalizer(&parent(), "f").await.is_err());
+        writes.publish(&parent(), &plan::warning("X", "y")).await;
+        assert!(calls.all().is_empty(), "{:?}", calls.summary());
+    }
 
     #[test]
     fn errors_are_classified_by_status_code() {

@@ -3,6 +3,8 @@
 
 mod cluster;
 mod controller;
+#[cfg(test)]
+mod fake_api;
 mod leader;
 mod metrics;
 mod reconcile;
