@@ -99,6 +99,11 @@ impl RunningController {
         RunningController { task }
     }
 
+    /// Whether the controller's task ended (it only ends when stopped, or on a panic).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
     /// Stops the controller and waits until its task is gone, so that no reconcile of
     /// the old version overlaps one of a new version.
     pub async fn stop(self) {

@@ -1,16 +1,14 @@
-//! Counters and timings of the operator, served as Prometheus text with the health
-//! and plugin-state endpoints on one small HTTP listener.
+//! Counters and timings of the operator, its health, and the state of every plugin
+//! file: what `/metrics`, `/healthz`, `/readyz` and `/plugins` show (served by
+//! [`super::http`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 /// The state of one plugin file, as `/plugins` reports it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -42,6 +40,8 @@ pub struct Metrics {
     plugins: Mutex<BTreeMap<String, PluginState>>,
     ready: AtomicBool,
     leader: AtomicBool,
+    /// Parts of the host that stopped and will not come back by themselves.
+    failed: Mutex<BTreeMap<String, String>>,
 }
 
 impl Metrics {
@@ -100,6 +100,34 @@ impl Metrics {
         self.ready.store(true, Ordering::Relaxed);
     }
 
+    /// Whether the operator is ready.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Records that a part of the host (`what`: e.g. `controller widget`) stopped for
+    /// good; `/healthz` fails from then on, so that the kubelet restarts the process.
+    pub fn set_failed(&self, what: &str, why: String) {
+        tracing::error!(part = what, "{why}");
+        self.failed
+            .lock()
+            .expect("metrics lock")
+            .insert(what.to_string(), why);
+    }
+
+    /// `Ok` while every part of the host runs; else what stopped and why.
+    pub fn health(&self) -> Result<(), String> {
+        let failed = self.failed.lock().expect("metrics lock");
+        if failed.is_empty() {
+            return Ok(());
+        }
+        Err(failed
+            .iter()
+            .map(|(what, why)| format!("{what}: {why}"))
+            .collect::<Vec<_>>()
+            .join("\n"))
+    }
+
     /// Records whether this replica holds the leader lease (always, without election).
     pub fn set_leader(&self, leader: bool) {
         self.leader.store(leader, Ordering::Relaxed);
@@ -139,7 +167,8 @@ impl Metrics {
         out
     }
 
-    fn plugins_json(&self) -> String {
+    /// `/plugins` as JSON.
+    pub fn plugins_json(&self) -> String {
         let plugins = self.plugins.lock().expect("metrics lock");
         serde_json::to_string(&plugins.values().collect::<Vec<_>>()).unwrap_or_else(|_| "[]".into())
     }
@@ -158,49 +187,6 @@ impl Drop for ReconcileTimer<'_> {
         entry.0 += self.start.elapsed().as_secs_f64();
         entry.1 += 1;
     }
-}
-
-/// Serves `/metrics`, `/healthz`, `/readyz` and `/plugins` until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = match stream.read(&mut buf).await {
-                Ok(n) => n,
-                Err(_) => return,
-            };
-            let request = String::from_utf8_lossy(&buf[..n]);
-            let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let (status, content_type, body) = match path {
-                "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
-                "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
-                "/readyz" if metrics.ready.load(Ordering::Relaxed) => {
-                    ("200 OK", "text/plain", "ok\n".into())
-                }
-                "/readyz" => (
-                    "503 Service Unavailable",
-                    "text/plain",
-                    "plugins not loaded yet\n".into(),
-                ),
-                "/plugins" => ("200 OK", "application/json", metrics.plugins_json()),
-                _ => ("404 Not Found", "text/plain", "not found\n".into()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-        });
-    }
-}
-
-/// Binds the listener for [`serve`].
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod cluster;
 mod controller;
 #[cfg(test)]
 mod fake_api;
+mod http;
 mod leader;
 mod metrics;
 mod reconcile;
@@ -51,11 +52,11 @@ pub async fn run(
         dir.display()
     );
     let metrics = Arc::new(Metrics::default());
-    let listener = metrics::bind(opts.metrics_addr)
+    let listener = http::bind(opts.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on {}", opts.metrics_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz, /plugins");
-    let server = tokio::spawn(metrics::serve(listener, metrics.clone()));
+    let server = tokio::spawn(http::serve(listener, metrics.clone()));
     tokio::pin!(shutdown);
     let lock = opts
         .leader_election
@@ -72,9 +73,9 @@ pub async fn run(
         }
     }
     metrics.set_leader(true);
-    let registry = PluginRegistry::new(client, sandbox, metrics, opts.registry);
+    let registry = PluginRegistry::new(client, sandbox, metrics.clone(), opts.registry);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let registry_task = tokio::spawn(registry.run_until(stop_rx));
+    let mut registry_task = tokio::spawn(registry.run_until(stop_rx));
     let lost = async {
         match &lock {
             Some(lock) => lock.hold().await,
@@ -84,10 +85,22 @@ pub async fn run(
     let result = tokio::select! {
         _ = &mut shutdown => Ok(()),
         err = lost => Err(err),
+        // The registry runs until told to stop: ending by itself (a panic) leaves
+        // nothing to load, reload or supervise plugins, so the process must go.
+        ended = &mut registry_task => {
+            let why = match ended {
+                Err(e) if e.is_panic() => "the plugin registry panicked".to_string(),
+                _ => "the plugin registry stopped".to_string(),
+            };
+            metrics.set_failed("registry", why.clone());
+            Err(anyhow::anyhow!(why))
+        }
     };
     tracing::info!("shutting down");
     let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), registry_task).await;
+    if !registry_task.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(10), registry_task).await;
+    }
     if let Some(lock) = &lock
         && result.is_ok()
         && let Err(e) = lock.release().await

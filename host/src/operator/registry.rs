@@ -114,6 +114,20 @@ impl PluginRegistry {
 
     /// One pass over the directory.
     pub async fn scan(&mut self) {
+        for (path, state) in &self.files {
+            if let Some((plugin, controller)) = &state.serving
+                && controller.is_finished()
+            {
+                self.metrics.set_failed(
+                    &format!("controller {}", plugin.info().name),
+                    format!(
+                        "the controller of {} ({}) stopped",
+                        plugin.info().name,
+                        path.display()
+                    ),
+                );
+            }
+        }
         let present = match wasm_files(&self.opts.dir) {
             Ok(files) => files,
             Err(e) => {

@@ -376,3 +376,64 @@ async fn a_removed_plugin_leaves_no_finalizer_that_nothing_would_remove() {
     .await
     .unwrap();
 }
+
+/// The host's status writes carry the resourceVersion of the parent they were computed
+/// from; this checks the API server contract that makes that a guard: a server-side
+/// apply to `/status` with an old resourceVersion is refused with 409, so a status
+/// computed from a stale cache can never overwrite a newer one.
+#[tokio::test]
+async fn a_status_apply_with_a_stale_resource_version_is_refused() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "stale").await;
+    let widgets = test_ar("Widget", "widgets");
+    let _op = Operator::start(&ns.name, &[&test_plugin("widget")], &[]).await;
+    let api = parents(&client, &ns.name, &widgets);
+    let created = create_parent(&api, &widgets, "s", json!({"count": 0})).await;
+    let stale = created.metadata.resource_version.clone().unwrap();
+    // The operator writes the status (a newer resourceVersion).
+    wait_for("s reconciled", T, || async {
+        Ok(ready(&api.get("s").await?).map(|_| ()))
+    })
+    .await
+    .unwrap();
+    let patch = |rv: &str| {
+        json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+               "metadata": {"name": "s", "resourceVersion": rv},
+               "status": {"regressed": true}})
+    };
+    let err = api
+        .patch_status(
+            "s",
+            &PatchParams::apply("capstan/widget").force(),
+            &Patch::Apply(&patch(&stale)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409),
+        "{err}"
+    );
+    assert!(
+        api.get("s")
+            .await
+            .unwrap()
+            .data
+            .pointer("/status/regressed")
+            .is_none()
+    );
+    // With the current resourceVersion the same apply goes through.
+    let current = api
+        .get("s")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    api.patch_status(
+        "s",
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(&patch(&current)),
+    )
+    .await
+    .unwrap();
+}
