@@ -49,7 +49,11 @@ async fn answer(mut stream: TcpStream, metrics: Arc<Metrics>) {
 fn route(path: &str, metrics: &Metrics) -> (&'static str, &'static str, String) {
     const TEXT: &str = "text/plain";
     match path {
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
+        "/metrics" => (
+            "200 OK",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.render(),
+        ),
         "/healthz" => match metrics.health() {
             Ok(()) => ("200 OK", TEXT, "ok\n".into()),
             Err(why) => ("500 Internal Server Error", TEXT, format!("{why}\n")),

@@ -3,11 +3,17 @@
 //! [`super::http`]).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 /// The state of one plugin file, as `/plugins` reports it.
@@ -32,45 +38,142 @@ pub struct PluginState {
     pub error: Option<String>,
 }
 
-/// Operator-wide counters.
-#[derive(Default)]
+/// Labels of a per-plugin series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginLabel {
+    plugin: String,
+}
+
+/// Labels of a per-plugin series with a result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginResult {
+    plugin: String,
+    result: String,
+}
+
+/// Labels of a watch error.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchError {
+    kind: String,
+    code: String,
+}
+
+/// The operator's metrics (a Prometheus registry), its health and its plugin files.
 pub struct Metrics {
-    counters: Mutex<BTreeMap<String, u64>>,
-    durations: Mutex<BTreeMap<String, (f64, u64)>>,
+    registry: Registry,
+    reconciles: Family<PluginResult, Counter>,
+    status_writes: Family<PluginLabel, Counter>,
+    reconcile_duration: Family<PluginLabel, Histogram>,
+    load_failures: Counter,
+    watch_errors: Family<WatchError, Counter>,
+    plugins_serving: Gauge,
+    leader_gauge: Gauge,
     plugins: Mutex<BTreeMap<String, PluginState>>,
     ready: AtomicBool,
-    leader: AtomicBool,
     /// Parts of the host that stopped and will not come back by themselves.
     failed: Mutex<BTreeMap<String, String>>,
 }
 
-impl Metrics {
-    fn add(&self, key: String) {
-        *self
-            .counters
-            .lock()
-            .expect("metrics lock")
-            .entry(key)
-            .or_default() += 1;
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let reconciles = Family::<PluginResult, Counter>::default();
+        registry.register(
+            "capstan_reconciles",
+            "Finished reconciles by plugin and result (ok, or the failure reason)",
+            reconciles.clone(),
+        );
+        let status_writes = Family::<PluginLabel, Counter>::default();
+        registry.register(
+            "capstan_status_writes",
+            "Status writes by plugin (skipped when the status did not change)",
+            status_writes.clone(),
+        );
+        let reconcile_duration =
+            Family::<PluginLabel, Histogram>::new_with_constructor(reconcile_buckets);
+        registry.register(
+            "capstan_reconcile_duration_seconds",
+            "Duration of one reconcile, plugin call and API requests included",
+            reconcile_duration.clone(),
+        );
+        let load_failures = Counter::default();
+        registry.register(
+            "capstan_plugin_load_failures",
+            "Plugin files that could not be loaded",
+            load_failures.clone(),
+        );
+        let watch_errors = Family::<WatchError, Counter>::default();
+        registry.register(
+            "capstan_watch_errors",
+            "Errors of the watches by kind and HTTP status (none: no answer)",
+            watch_errors.clone(),
+        );
+        let plugins_serving = Gauge::default();
+        registry.register(
+            "capstan_plugins_serving",
+            "Plugin files with a running controller",
+            plugins_serving.clone(),
+        );
+        let leader_gauge = Gauge::default();
+        registry.register(
+            "capstan_leader",
+            "1 while this replica holds the leader lease (always without leader election)",
+            leader_gauge.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            status_writes,
+            reconcile_duration,
+            load_failures,
+            watch_errors,
+            plugins_serving,
+            leader_gauge,
+            plugins: Mutex::default(),
+            ready: AtomicBool::new(false),
+            failed: Mutex::default(),
+        }
     }
+}
 
+/// 1 ms … ~33 s: a reconcile is a plugin call (µs to the deadline) plus API requests.
+fn reconcile_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+impl Metrics {
     /// Counts one finished reconcile with its result (`ok` or a failure reason).
     pub fn reconciled(&self, plugin: &str, result: &str) {
-        self.add(format!(
-            "capstan_reconciles_total{{plugin=\"{plugin}\",result=\"{result}\"}}"
-        ));
+        self.reconciles
+            .get_or_create(&PluginResult {
+                plugin: plugin.into(),
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Counts one status write.
     pub fn status_written(&self, plugin: &str) {
-        self.add(format!(
-            "capstan_status_writes_total{{plugin=\"{plugin}\"}}"
-        ));
+        self.status_writes
+            .get_or_create(&PluginLabel {
+                plugin: plugin.into(),
+            })
+            .inc();
     }
 
     /// Counts one failed plugin load.
     pub fn load_failed(&self) {
-        self.add("capstan_plugin_load_failures_total".into());
+        self.load_failures.inc();
+    }
+
+    /// Counts one error of the watch of `kind` (`code`: the HTTP status, if any).
+    pub fn watch_failed(&self, kind: &str, code: Option<u16>) {
+        self.watch_errors
+            .get_or_create(&WatchError {
+                kind: kind.into(),
+                code: code.map_or_else(|| "none".into(), |c| c.to_string()),
+            })
+            .inc();
     }
 
     /// Times a reconcile until the returned guard drops.
@@ -130,40 +233,22 @@ impl Metrics {
 
     /// Records whether this replica holds the leader lease (always, without election).
     pub fn set_leader(&self, leader: bool) {
-        self.leader.store(leader, Ordering::Relaxed);
+        self.leader_gauge.set(i64::from(leader));
     }
 
-    /// Prometheus text exposition.
+    /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
+        let serving = self
+            .plugins
+            .lock()
+            .expect("metrics lock")
+            .values()
+            .filter(|p| p.serving)
+            .count();
+        self.plugins_serving.set(serving as i64);
         let mut out = String::new();
-        out.push_str("# TYPE capstan_reconciles_total counter\n# TYPE capstan_status_writes_total counter\n# TYPE capstan_plugin_load_failures_total counter\n");
-        for (key, value) in self.counters.lock().expect("metrics lock").iter() {
-            let _ = writeln!(out, "{key} {value}");
-        }
-        out.push_str("# TYPE capstan_reconcile_duration_seconds summary\n");
-        for (plugin, (sum, count)) in self.durations.lock().expect("metrics lock").iter() {
-            let _ = writeln!(
-                out,
-                "capstan_reconcile_duration_seconds_sum{{plugin=\"{plugin}\"}} {sum}"
-            );
-            let _ = writeln!(
-                out,
-                "capstan_reconcile_duration_seconds_count{{plugin=\"{plugin}\"}} {count}"
-            );
-        }
-        out.push_str("# TYPE capstan_leader gauge\n");
-        let _ = writeln!(
-            out,
-            "capstan_leader {}",
-            u8::from(self.leader.load(Ordering::Relaxed))
-        );
-        let plugins = self.plugins.lock().expect("metrics lock");
-        out.push_str("# TYPE capstan_plugins_serving gauge\n");
-        let _ = writeln!(
-            out,
-            "capstan_plugins_serving {}",
-            plugins.values().filter(|p| p.serving).count()
-        );
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
         out
     }
 
@@ -182,10 +267,12 @@ struct ReconcileTimer<'a> {
 
 impl Drop for ReconcileTimer<'_> {
     fn drop(&mut self) {
-        let mut d = self.metrics.durations.lock().expect("metrics lock");
-        let entry = d.entry(std::mem::take(&mut self.plugin)).or_default();
-        entry.0 += self.start.elapsed().as_secs_f64();
-        entry.1 += 1;
+        self.metrics
+            .reconcile_duration
+            .get_or_create(&PluginLabel {
+                plugin: std::mem::take(&mut self.plugin),
+            })
+            .observe(self.start.elapsed().as_secs_f64());
     }
 }
 
@@ -213,5 +300,17 @@ mod tests {
             text.contains("capstan_reconcile_duration_seconds_count{plugin=\"uuid\"} 1\n"),
             "{text}"
         );
+        assert!(
+            text.contains("# HELP capstan_reconciles Finished reconciles"),
+            "{text}"
+        );
+        m.watch_failed("ConfigMap.v1", Some(403));
+        m.set_leader(true);
+        let text = m.render();
+        assert!(
+            text.contains("capstan_watch_errors_total{kind=\"ConfigMap.v1\",code=\"403\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("capstan_leader 1\n"), "{text}");
     }
 }
