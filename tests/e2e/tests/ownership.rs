@@ -5,72 +5,19 @@
 
 use std::time::Duration;
 
+use capstan_e2e::objects::{create_object, events_about, ready_condition, test_kind};
 use capstan_e2e::operator::{Operator, test_plugin};
 use capstan_e2e::{TestNamespace, client, holds_for, wait_for};
-use k8s_openapi::api::core::v1::{ConfigMap, Event};
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(60);
 const ADOPT: &str = "capstan.dev/allow-adoption-by";
 
-fn test_ar(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: "test.capstan.dev".into(),
-        version: "v1".into(),
-        api_version: "test.capstan.dev/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
 fn parents(client: &Client, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, ar)
-}
-
-/// Creates a parent, retrying while the operator is still installing its CRD.
-async fn create_parent(
-    api: &Api<DynamicObject>,
-    ar: &ApiResource,
-    name: &str,
-    spec: Value,
-) -> DynamicObject {
-    let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": ar.api_version, "kind": ar.kind,
-        "metadata": {"name": name}, "spec": spec,
-    }))
-    .unwrap();
-    wait_for(&format!("create {} {name}", ar.kind), T, || async {
-        Ok(Some(api.create(&PostParams::default(), &obj).await?))
-    })
-    .await
-    .unwrap()
-}
-
-/// The `Ready` condition's (status, reason, message).
-fn ready(obj: &DynamicObject) -> Option<(String, String, String)> {
-    let conds = obj.data.pointer("/status/conditions")?.as_array()?;
-    let c = conds.iter().find(|c| c["type"] == "Ready")?;
-    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
-    Some((s("status"), s("reason"), s("message")))
-}
-
-async fn events(client: &Client, ns: &str, name: &str, type_: &str, reason: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.involved_object.name.as_deref() == Some(name)
-                && e.type_.as_deref() == Some(type_)
-                && e.reason.as_deref() == Some(reason)
-        })
-        .collect()
 }
 
 fn user_configmap(name: &str, annotations: Value) -> ConfigMap {
@@ -102,10 +49,10 @@ async fn a_user_object_with_a_child_name_is_never_taken_and_adopts_only_by_conse
             .unwrap();
     }
     let op = Operator::start(&ns.name, &[&test_plugin("widget")], &[]).await;
-    let widgets = test_ar("Widget", "widgets");
+    let widgets = test_kind("Widget", "widgets");
     let api = parents(&client, &ns.name, &widgets);
     for name in ["w", "v"] {
-        create_parent(
+        create_object(
             &api,
             &widgets,
             name,
@@ -118,7 +65,7 @@ async fn a_user_object_with_a_child_name_is_never_taken_and_adopts_only_by_conse
     for name in ["w", "v"] {
         let obj = wait_for(&format!("{name}: Ready=False ChildConflict"), T, || async {
             let o = api.get(name).await?;
-            Ok(ready(&o)
+            Ok(ready_condition(&o)
                 .filter(|r| r.0 == "False" && r.1 == "ChildConflict")
                 .map(|r| r.2))
         })
@@ -134,7 +81,7 @@ async fn a_user_object_with_a_child_name_is_never_taken_and_adopts_only_by_conse
         );
         wait_for("a ChildConflict Warning event", T, || async {
             Ok(
-                (!events(&client, &ns.name, name, "Warning", "ChildConflict")
+                (!events_about(&client, &ns.name, name, "Warning", "ChildConflict")
                     .await
                     .is_empty())
                 .then_some(()),
@@ -192,12 +139,15 @@ async fn a_user_object_with_a_child_name_is_never_taken_and_adopts_only_by_conse
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
     wait_for("v: Ready=True", T, || async {
-        Ok((ready(&api.get("v").await?).map(|r| r.0) == Some("True".into())).then_some(()))
+        Ok(
+            (ready_condition(&api.get("v").await?).map(|r| r.0) == Some("True".into()))
+                .then_some(()),
+        )
     })
     .await
     .unwrap();
     assert!(
-        !events(&client, &ns.name, "v", "Normal", "Adopted")
+        !events_about(&client, &ns.name, "v", "Normal", "Adopted")
             .await
             .is_empty()
     );
@@ -225,14 +175,17 @@ async fn a_user_object_with_a_child_name_is_never_taken_and_adopts_only_by_conse
 async fn children_written_by_the_shared_field_manager_are_migrated_to_the_plugins() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "migrate").await;
-    let widgets = test_ar("Widget", "widgets");
+    let widgets = test_kind("Widget", "widgets");
     // The operator installs the CRD; the parent is created before the old-style child.
     let op = Operator::start(&ns.name, &[&test_plugin("widget")], &[]).await;
     let api = parents(&client, &ns.name, &widgets);
-    let parent = create_parent(&api, &widgets, "m", json!({"count": 0})).await;
+    let parent = create_object(&api, &widgets, "m", json!({"count": 0})).await;
     let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     wait_for("m reconciled", T, || async {
-        Ok((ready(&api.get("m").await?).map(|r| r.0) == Some("True".into())).then_some(()))
+        Ok(
+            (ready_condition(&api.get("m").await?).map(|r| r.0) == Some("True".into()))
+                .then_some(()),
+        )
     })
     .await
     .unwrap();
@@ -286,7 +239,7 @@ async fn children_written_by_the_shared_field_manager_are_migrated_to_the_plugin
 async fn a_removed_plugin_leaves_no_finalizer_that_nothing_would_remove() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "finalizers").await;
-    let guards = test_ar("Guard", "guards");
+    let guards = test_kind("Guard", "guards");
     let op = Operator::start(
         &ns.name,
         &[&test_plugin("guard"), &test_plugin("widget")],
@@ -295,7 +248,7 @@ async fn a_removed_plugin_leaves_no_finalizer_that_nothing_would_remove() {
     .await;
     let api = parents(&client, &ns.name, &guards);
     for name in ["kept", "leaving"] {
-        create_parent(&api, &guards, name, json!({"release": false})).await;
+        create_object(&api, &guards, name, json!({"release": false})).await;
     }
     let has_finalizer =
         |o: &DynamicObject| o.finalizers().iter().any(|f| f == "capstan.dev/finalizer");
@@ -331,7 +284,7 @@ async fn a_removed_plugin_leaves_no_finalizer_that_nothing_would_remove() {
     // A parent whose cleanup is pending keeps it, and says how to let it go.
     wait_for("a FinalizerPending event", T, || async {
         Ok(
-            (!events(&client, &ns.name, "leaving", "Warning", "FinalizerPending")
+            (!events_about(&client, &ns.name, "leaving", "Warning", "FinalizerPending")
                 .await
                 .is_empty())
             .then_some(()),
@@ -349,7 +302,7 @@ async fn a_removed_plugin_leaves_no_finalizer_that_nothing_would_remove() {
 
     // A plugin version that does not declare a finalizer (widget) never leaves the
     // host's finalizer on its parents, also one being deleted: it would never go.
-    let widgets = test_ar("Widget", "widgets");
+    let widgets = test_kind("Widget", "widgets");
     let wapi = parents(&client, &ns.name, &widgets);
     let obj: DynamicObject = serde_json::from_value(json!({
         "apiVersion": widgets.api_version, "kind": "Widget",
@@ -385,14 +338,14 @@ async fn a_removed_plugin_leaves_no_finalizer_that_nothing_would_remove() {
 async fn a_status_apply_with_a_stale_resource_version_is_refused() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "stale").await;
-    let widgets = test_ar("Widget", "widgets");
+    let widgets = test_kind("Widget", "widgets");
     let _op = Operator::start(&ns.name, &[&test_plugin("widget")], &[]).await;
     let api = parents(&client, &ns.name, &widgets);
-    let created = create_parent(&api, &widgets, "s", json!({"count": 0})).await;
+    let created = create_object(&api, &widgets, "s", json!({"count": 0})).await;
     let stale = created.metadata.resource_version.clone().unwrap();
     // The operator writes the status (a newer resourceVersion).
     wait_for("s reconciled", T, || async {
-        Ok(ready(&api.get("s").await?).map(|_| ()))
+        Ok(ready_condition(&api.get("s").await?).map(|_| ()))
     })
     .await
     .unwrap();

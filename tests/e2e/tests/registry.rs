@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use capstan_e2e::objects::{create_object, uuid_kind};
 use capstan_e2e::operator::{Operator, plugin};
 use capstan_e2e::{TestNamespace, client, wait_for};
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(60);
@@ -43,18 +44,9 @@ async fn a_file_refused_because_its_kind_was_claimed_loads_once_the_claim_goes()
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
-    let ar = ApiResource {
-        group: "demo.operator".into(),
-        version: "v1".into(),
-        api_version: "demo.operator/v1".into(),
-        kind: "Uuid".into(),
-        plural: "uuid".into(),
-    };
+    let ar = uuid_kind();
     let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns.name, &ar);
-    let obj: DynamicObject =
-        serde_json::from_value(json!({"apiVersion": "demo.operator/v1", "kind": "Uuid", "metadata": {"name": "u"}, "spec": {}}))
-            .unwrap();
-    api.create(&PostParams::default(), &obj).await.unwrap();
+    create_object(&api, &ar, "u", json!({})).await;
     wait_for("u reconciled by the plugin of uuid2.wasm", T, || async {
         Ok(api.get("u").await?.data.pointer("/status/uuid").map(|_| ()))
     })
