@@ -1,5 +1,5 @@
-//! Every Kubernetes API call a reconcile makes: listing owned children, server-side
-//! apply under the ownership rules, pruning with a UID precondition, status, finalizers
+//! Every Kubernetes API call a reconcile makes (its reads of children come from the
+//! shared caches of [`super::children`]): server-side apply under the ownership rules, pruning with a UID precondition, status, finalizers
 //! and events. Every request has a timeout, and errors keep kube's error (and with it
 //! the HTTP status) so the pipeline can tell permanent from transient failures.
 
@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions,
     PropagationPolicy,
 };
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
@@ -48,15 +48,6 @@ pub enum Error {
         /// The timeout.
         timeout: Duration,
     },
-    /// An object could not be turned into what the API expects.
-    #[error("cannot {action}: {source}")]
-    Encode {
-        /// What the host tried to do.
-        action: String,
-        /// The serde error.
-        #[source]
-        source: serde_json::Error,
-    },
 }
 
 /// How the pipeline reacts to an [`Error`].
@@ -87,7 +78,6 @@ impl Error {
     /// How to react; decided from the status code, never from a message.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::Encode { .. } => ErrorClass::Permanent,
             Error::Timeout { .. } | Error::NotLeader { .. } => ErrorClass::Transient,
             Error::Api { .. } => classify(self.code()),
         }
@@ -157,11 +147,6 @@ impl ChildKinds {
     /// The declared kind at `index`.
     pub fn kind(&self, index: usize) -> &KindRef {
         &self.kinds[index].0
-    }
-
-    /// Every declared kind with its `ApiResource`.
-    pub fn iter(&self) -> impl Iterator<Item = &(KindRef, ApiResource)> {
-        self.kinds.iter()
     }
 }
 
@@ -269,51 +254,6 @@ impl ClusterWrites {
             (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, ar),
             _ => Api::all_with(self.client.clone(), ar),
         }
-    }
-
-    /// Objects of the declared child kinds in the parent's namespace whose controller
-    /// ownerReference carries the parent's UID (managedFields dropped: noise to a plugin).
-    pub async fn observed_children(
-        &self,
-        parent: &DynamicObject,
-        kinds: &ChildKinds,
-    ) -> Result<Vec<ObservedChild>> {
-        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
-        let ns = parent.metadata.namespace.as_deref();
-        let mut observed = Vec::new();
-        for (index, (kind, ar)) in kinds.iter().enumerate() {
-            let list = request(
-                || format!("list {kind}"),
-                self.child_api(ar, kind.namespaced, ns)
-                    .list(&ListParams::default()),
-            )
-            .await?;
-            for mut child in list.items {
-                let controlled = child
-                    .metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .any(|o| o.controller == Some(true) && o.uid == uid);
-                if !controlled {
-                    continue;
-                }
-                child.metadata.managed_fields = None;
-                let mut object = serde_json::to_value(&child).map_err(|source| Error::Encode {
-                    action: format!("read {kind}"),
-                    source,
-                })?;
-                if let Some(o) = object.as_object_mut() {
-                    o.insert("apiVersion".into(), json!(ar.api_version));
-                    o.insert("kind".into(), json!(ar.kind));
-                }
-                observed.push(ObservedChild {
-                    kind_index: index as u32,
-                    object,
-                });
-            }
-        }
-        Ok(observed)
     }
 
     /// Writes one desired child under the ownership rules ([`crate::ownership`]).

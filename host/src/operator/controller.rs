@@ -1,23 +1,27 @@
 //! One `kube::runtime::Controller` per loaded plugin: it watches the parent kind (spec
-//! and deletion changes only, never status-only changes) and every declared child kind
-//! (mapped to parents through their ownerReferences), and runs [`reconcile`] for each.
+//! and deletion changes only, never status-only changes) and is told of changes to its
+//! children by the shared child caches ([`super::children`], mapped to parents through
+//! their controller references), and runs [`reconcile`] for each.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::Client;
-use kube::api::{Api, DynamicObject};
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 
+use super::children::{ChildCaches, ControllerRef, KindCache};
 use super::cluster::{ChildKinds, ClusterWrites, api_resource};
 use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::reconcile::{self, Context};
+use crate::contract::KindRef;
 use crate::plugin::Plugin;
 
 /// Options shared by every controller.
@@ -40,47 +44,56 @@ pub struct RunningController {
 }
 
 impl RunningController {
-    /// Starts the controller of `plugin`.
+    /// Starts the controller of `plugin`; its children come from `caches`.
     pub fn start(
         client: Client,
         plugin: Plugin,
         metrics: Arc<Metrics>,
+        caches: &ChildCaches,
         opts: &ControllerOptions,
     ) -> Self {
         let info = plugin.info().clone();
         let parent_ar = api_resource(&info.parent);
-        let api =
-            |ar: &kube::api::ApiResource, namespaced: bool| match (&opts.namespace, namespaced) {
-                (Some(ns), true) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, ar),
-                _ => Api::<DynamicObject>::all_with(client.clone(), ar),
-            };
+        let api = match (&opts.namespace, info.parent.namespaced) {
+            (Some(ns), true) => {
+                Api::<DynamicObject>::namespaced_with(client.clone(), ns, &parent_ar)
+            }
+            _ => Api::<DynamicObject>::all_with(client.clone(), &parent_ar),
+        };
         let writer = Writer::new(parent_ar.clone());
         let reader = writer.as_reader();
+        let kind_name = info.parent.to_string();
+        let watch_metrics = metrics.clone();
         let parents = reflector::reflector(
             writer,
-            watcher(
-                api(&parent_ar, info.parent.namespaced),
-                watcher::Config::default(),
-            ),
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                // A plugin never sees managedFields; the cache need not keep them.
+                .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
+                .inspect_err(move |e| {
+                    tracing::warn!(kind = %kind_name, "watch of {kind_name} failed: {e}");
+                    watch_metrics.watch_failed(&kind_name, None);
+                }),
         )
-        .default_backoff()
         .applied_objects()
         .predicate_filter(spec_or_deletion, PredicateConfig::default());
 
         let children = ChildKinds::new(&info.children);
-        let mut controller = Controller::for_stream_with(parents, reader, parent_ar.clone())
-            .with_config(ControllerConfig::default().concurrency(opts.concurrency));
-        for (kind, ar) in children.iter() {
-            controller = controller.owns_with(
-                api(ar, kind.namespaced),
-                ar.clone(),
-                watcher::Config::default(),
-            );
-        }
+        let kind_caches: Vec<Arc<KindCache>> =
+            info.children.iter().map(|k| caches.get(k)).collect();
+        let triggers = futures::stream::select_all(
+            kind_caches
+                .iter()
+                .map(|cache| parents_of_changes(cache, &info.parent, parent_ar.clone())),
+        );
+        let controller = Controller::for_stream_with(parents, reader, parent_ar.clone())
+            .with_config(ControllerConfig::default().concurrency(opts.concurrency))
+            .reconcile_on(triggers);
         let ctx = Arc::new(Context::new(
             plugin.clone(),
             ClusterWrites::new(client.clone(), &info.parent, &info.name, opts.fence.clone()),
             children,
+            kind_caches,
             metrics,
             opts.default_resync,
         ));
@@ -110,6 +123,44 @@ impl RunningController {
         self.task.abort();
         let _ = self.task.await;
     }
+}
+
+/// The parents (of kind `parent`) whose children changed in `cache`.
+fn parents_of_changes(
+    cache: &KindCache,
+    parent: &KindRef,
+    parent_ar: ApiResource,
+) -> futures::stream::BoxStream<'static, ObjectRef<DynamicObject>> {
+    let (api_version, kind) = (parent.api_version(), parent.kind.clone());
+    let child_kind = cache.kind().to_string();
+    futures::stream::unfold(cache.subscribe(), move |mut changes| {
+        let child_kind = child_kind.clone();
+        async move {
+            loop {
+                match changes.recv().await {
+                    Ok(owner) => return Some((owner, changes)),
+                    Err(RecvError::Lagged(missed)) => tracing::warn!(
+                        kind = %child_kind,
+                        missed,
+                        "a controller fell behind the changes of its children; the resync will catch up"
+                    ),
+                    Err(RecvError::Closed) => return None,
+                }
+            }
+        }
+    })
+    .filter_map(move |owner: ControllerRef| {
+        let wanted = owner.api_version == api_version && owner.kind == kind;
+        let parent = wanted.then(|| {
+            let r = ObjectRef::new_with(&owner.name, parent_ar.clone());
+            match owner.namespace {
+                Some(ns) => r.within(&ns),
+                None => r,
+            }
+        });
+        std::future::ready(parent)
+    })
+    .boxed()
 }
 
 /// Reconcile on a new object, a new generation (spec change) or the start of deletion;

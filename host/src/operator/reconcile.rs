@@ -11,9 +11,12 @@ use kube::runtime::controller::Action;
 use serde_json::Value;
 use tracing::{debug, info, instrument, warn};
 
-use super::cluster::{self, ChildKinds, ChildOutcome, ClusterWrites, ErrorClass};
+use super::children::{CacheState, Expectations, Key, KindCache, Written};
+use super::cluster::{
+    self, ChildKinds, ChildOutcome, ClusterWrites, ErrorClass, OwnershipConflict,
+};
 use super::metrics::Metrics;
-use crate::contract::{Observed, PluginError};
+use crate::contract::{Observed, ObservedChild, PluginError};
 use crate::plan::{self, Plan};
 use crate::plugin::{CallError, Plugin};
 use crate::validate::Violation;
@@ -29,6 +32,10 @@ pub struct Context {
     pub cluster: ClusterWrites,
     /// The child kinds, resolved.
     pub children: ChildKinds,
+    /// The shared caches of the child kinds, in the same order.
+    caches: Vec<Arc<KindCache>>,
+    /// Writes the caches have not shown yet, per parent.
+    expectations: Expectations,
     /// Counters and timings.
     pub metrics: Arc<Metrics>,
     /// Resync period when the plugin sets none.
@@ -43,6 +50,7 @@ impl Context {
         plugin: Plugin,
         cluster: ClusterWrites,
         children: ChildKinds,
+        caches: Vec<Arc<KindCache>>,
         metrics: Arc<Metrics>,
         default_resync: Duration,
     ) -> Self {
@@ -50,18 +58,52 @@ impl Context {
             plugin,
             cluster,
             children,
+            caches,
+            expectations: Expectations::default(),
             metrics,
             default_resync,
             failures: Mutex::new(HashMap::new()),
         }
     }
 
+    /// The resync period, spread by ±10 % per parent and time, so that parents created
+    /// together (10 000 of them after a restart) do not all wake up in the same second.
     fn resync(&self) -> Duration {
-        self.plugin
+        let period = self
+            .plugin
             .info()
             .resync_seconds
             .map(|s| Duration::from_secs(u64::from(s.max(1))))
-            .unwrap_or(self.default_resync)
+            .unwrap_or(self.default_resync);
+        period.mul_f64(0.9 + random_fraction() * 0.2)
+    }
+
+    /// The parent's children as the caches hold them, once the caches are synced.
+    fn observed_children(&self, parent: &DynamicObject) -> Result<Vec<ObservedChild>, Failure> {
+        let uid = parent.metadata.uid.as_deref().unwrap_or_default();
+        let ns = parent.metadata.namespace.as_deref();
+        let mut observed = Vec::new();
+        for (index, cache) in self.caches.iter().enumerate() {
+            for child in cache.children_of(uid, ns) {
+                let object = serde_json::to_value(&*child)
+                    .map_err(|e| Failure::Retry(format!("cannot read a cached child: {e}")))?;
+                observed.push(ObservedChild {
+                    kind_index: index as u32,
+                    object,
+                });
+            }
+        }
+        Ok(observed)
+    }
+
+    /// Waits (bounded) until every child kind's cache completed its first list.
+    async fn caches_synced(&self) -> Result<(), Failure> {
+        for cache in &self.caches {
+            if !cache.synced(CACHE_SYNC_TIMEOUT).await {
+                return Err(Failure::CacheNotSynced(cache.kind().to_string()));
+            }
+        }
+        Ok(())
     }
 
     /// Exponential backoff with jitter: 1 s, 2 s, 4 s … up to 5 min, times 0.5–1.0.
@@ -84,6 +126,22 @@ impl Context {
     fn succeeded(&self, uid: &str) {
         self.failures.lock().expect("failures lock").remove(uid);
     }
+}
+
+/// How long a reconcile waits for the child caches' first list.
+const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a parent waits for the caches to show the host's own writes before it
+/// trusts them anyway.
+const EXPECTATION_LIMIT: Duration = Duration::from_secs(30);
+/// How soon a parent whose caches are behind is looked at again.
+const CACHE_BEHIND_RETRY: Duration = Duration::from_millis(200);
+
+/// A number in [0, 1), different at every call.
+fn random_fraction() -> f64 {
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Longest backoff between two attempts of a failing parent.
@@ -114,6 +172,9 @@ pub enum Failure {
     /// The API server refused or failed a request.
     #[error(transparent)]
     Api(#[from] cluster::Error),
+    /// A child kind's cache did not complete its first list in time.
+    #[error("the cache of {0} is not synced yet")]
+    CacheNotSynced(String),
 }
 
 /// What the host does after a failure.
@@ -140,6 +201,7 @@ impl Failure {
             Failure::Retry(_) => "RetryRequested",
             Failure::Plugin(_) => "PluginFailed",
             Failure::InvalidOutput(_) => "InvalidPluginOutput",
+            Failure::CacheNotSynced(_) => "CacheNotSynced",
             Failure::Api(e) => match e.class() {
                 ErrorClass::Conflict => "Conflict",
                 ErrorClass::Permanent => "ApplyFailed",
@@ -152,6 +214,7 @@ impl Failure {
         match self {
             Failure::InvalidSpec(_) | Failure::InvalidOutput(_) => Reaction::ReportAndWait,
             Failure::Retry(_) | Failure::Plugin(_) => Reaction::ReportAndBackoff,
+            Failure::CacheNotSynced(_) => Reaction::Backoff,
             Failure::Api(e) => match e.class() {
                 ErrorClass::Permanent => Reaction::ReportAndResync,
                 ErrorClass::Conflict => Reaction::RetrySoon,
@@ -187,6 +250,11 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
             ctx.succeeded(&uid);
             ctx.metrics.reconciled(&ctx.plugin.info().name, "ok");
             Ok(action)
+        }
+        Ok(Reconciled::CacheBehind) => {
+            ctx.metrics
+                .reconciled(&ctx.plugin.info().name, "CacheBehind");
+            Ok(Action::requeue(CACHE_BEHIND_RETRY))
         }
         Ok(Reconciled::WithConflicts) => {
             ctx.metrics
@@ -256,6 +324,9 @@ enum Reconciled {
     /// Some desired children could not be written because their names are taken by
     /// objects this parent does not control; the rest was written.
     WithConflicts,
+    /// The caches do not show the host's last writes for this parent yet: acting now
+    /// could prune or re-create a child on stale information.
+    CacheBehind,
 }
 
 async fn reconcile_parent(
@@ -277,7 +348,9 @@ async fn reconcile_parent(
         info!("the plugin no longer declares a finalizer; {FINALIZER} removed");
         return Ok(Reconciled::Done(Action::await_change()));
     }
+    let uid = obj.metadata.uid.as_deref().unwrap_or_default();
     if obj.metadata.deletion_timestamp.is_some() {
+        ctx.expectations.forget(uid);
         if info.finalizer && has_finalizer {
             return finalize(obj, parent, ctx).await.map(Reconciled::Done);
         }
@@ -288,9 +361,18 @@ async fn reconcile_parent(
         ctx.cluster.add_finalizer(obj, FINALIZER).await?;
     }
 
+    ctx.caches_synced().await?;
+    let seen = |index: usize, key: &Key| ctx.caches.get(index).and_then(|c| c.get(key));
+    match ctx.expectations.check(uid, seen, EXPECTATION_LIMIT) {
+        CacheState::Current => {}
+        CacheState::Behind => return Ok(Reconciled::CacheBehind),
+        CacheState::GaveUp => warn!(
+            "the child caches did not show this parent's last writes within {EXPECTATION_LIMIT:?}; trusting them"
+        ),
+    }
     let observed = Observed {
         parent: parent.clone(),
-        children: ctx.cluster.observed_children(obj, &ctx.children).await?,
+        children: ctx.observed_children(obj)?,
     };
     let plugin = ctx.plugin.clone();
     let call_input = observed.clone();
@@ -308,63 +390,12 @@ async fn apply_plan(
     mut plan: Plan,
     ctx: &Context,
 ) -> Result<Reconciled, Failure> {
-    let observed_names: HashSet<(usize, &str)> = observed
-        .children
-        .iter()
-        .map(|c| {
-            let name = c
-                .object
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            (c.kind_index as usize, name)
-        })
-        .collect();
-    let mut conflicts = Vec::new();
-    for child in &plan.children {
-        let known = observed_names.contains(&(child.kind_index, child.name.as_str()));
-        match ctx
-            .cluster
-            .apply_child(&ctx.children, obj, child, known)
-            .await?
-        {
-            ChildOutcome::Applied { .. } => {}
-            ChildOutcome::Adopted => {
-                info!(kind = %ctx.children.kind(child.kind_index), child = %child.name, "adopted");
-                let event = plan::normal(
-                    "Adopted",
-                    format!(
-                        "{} {:?} consented to adoption and is now controlled by this object",
-                        ctx.children.kind(child.kind_index).kind,
-                        child.name
-                    ),
-                );
-                ctx.cluster.publish(obj, &event).await;
-            }
-            ChildOutcome::Conflict(conflict) => {
-                warn!(kind = %conflict.kind, child = %conflict.name, "ownership conflict: {conflict}");
-                conflicts.push(conflict);
-            }
-        }
-    }
-    // Prune only after every apply succeeded; a conflict is not a failed apply (nothing
-    // was written), and the children this parent controls stay in step with the plugin.
-    let wanted: HashSet<(usize, &str)> = plan
-        .children
-        .iter()
-        .map(|c| (c.kind_index, c.name.as_str()))
-        .collect();
-    for child in &observed.children {
-        let name = child
-            .object
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if !wanted.contains(&(child.kind_index as usize, name)) {
-            ctx.cluster.prune_child(&ctx.children, child).await?;
-            info!(kind = %ctx.children.kind(child.kind_index as usize), child = name, "pruned");
-        }
-    }
+    let mut written = Written::default();
+    let result = write_children(obj, observed, &plan, ctx, &mut written).await;
+    // Also after a failure: what was written must be seen before the next reconcile.
+    ctx.expectations
+        .expect(obj.metadata.uid.as_deref().unwrap_or_default(), written);
+    let conflicts = result?;
     if !conflicts.is_empty() {
         let message = conflicts
             .iter()
@@ -398,10 +429,102 @@ async fn apply_plan(
     }
 }
 
+/// Applies every desired child under the ownership rules, then prunes the observed
+/// children no longer desired — only after every apply succeeded. Records in `written`
+/// what it wrote, also when it fails half-way. Returns the ownership conflicts.
+async fn write_children(
+    obj: &DynamicObject,
+    observed: &Observed,
+    plan: &Plan,
+    ctx: &Context,
+    written: &mut Written,
+) -> Result<Vec<OwnershipConflict>, Failure> {
+    let name_of = |c: &ObservedChild| {
+        c.object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let observed_names: HashSet<(usize, String)> = observed
+        .children
+        .iter()
+        .map(|c| (c.kind_index as usize, name_of(c)))
+        .collect();
+    let mut conflicts = Vec::new();
+    for child in &plan.children {
+        let known = observed_names.contains(&(child.kind_index, child.name.clone()));
+        let key = (
+            child
+                .manifest
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .map(String::from),
+            child.name.clone(),
+        );
+        match ctx
+            .cluster
+            .apply_child(&ctx.children, obj, child, known)
+            .await?
+        {
+            ChildOutcome::Applied { resource_version } => {
+                written
+                    .applied
+                    .push((child.kind_index, key, resource_version));
+            }
+            ChildOutcome::Adopted => {
+                written.applied.push((child.kind_index, key, None));
+                info!(kind = %ctx.children.kind(child.kind_index), child = %child.name, "adopted");
+                let event = plan::normal(
+                    "Adopted",
+                    format!(
+                        "{} {:?} consented to adoption and is now controlled by this object",
+                        ctx.children.kind(child.kind_index).kind,
+                        child.name
+                    ),
+                );
+                ctx.cluster.publish(obj, &event).await;
+            }
+            ChildOutcome::Conflict(conflict) => {
+                warn!(kind = %conflict.kind, child = %conflict.name, "ownership conflict: {conflict}");
+                conflicts.push(conflict);
+            }
+        }
+    }
+    // A conflict is not a failed apply (nothing was written): the children this parent
+    // controls stay in step with the plugin.
+    let wanted: HashSet<(usize, &str)> = plan
+        .children
+        .iter()
+        .map(|c| (c.kind_index, c.name.as_str()))
+        .collect();
+    for child in &observed.children {
+        let name = name_of(child);
+        if !wanted.contains(&(child.kind_index as usize, name.as_str())) {
+            ctx.cluster.prune_child(&ctx.children, child).await?;
+            let field = |p: &str| {
+                child
+                    .object
+                    .pointer(p)
+                    .and_then(Value::as_str)
+                    .map(String::from)
+            };
+            written.pruned.push((
+                child.kind_index as usize,
+                (field("/metadata/namespace"), name.clone()),
+                field("/metadata/uid"),
+            ));
+            info!(kind = %ctx.children.kind(child.kind_index as usize), child = %name, "pruned");
+        }
+    }
+    Ok(conflicts)
+}
+
 async fn finalize(obj: &DynamicObject, parent: &Value, ctx: &Context) -> Result<Action, Failure> {
+    ctx.caches_synced().await?;
     let observed = Observed {
         parent: parent.clone(),
-        children: ctx.cluster.observed_children(obj, &ctx.children).await?,
+        children: ctx.observed_children(obj)?,
     };
     let plugin = ctx.plugin.clone();
     let result = tokio::task::spawn_blocking(move || plugin.finalize(&observed))

@@ -18,6 +18,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use tracing::{error, info, warn};
 
+use super::children::ChildCaches;
 use super::cluster::ClusterWrites;
 use super::controller::{ControllerOptions, RunningController};
 use super::leader::WriteFence;
@@ -46,6 +47,8 @@ pub struct PluginRegistry {
     metrics: Arc<Metrics>,
     opts: RegistryOptions,
     files: BTreeMap<PathBuf, FileState>,
+    /// The child caches, shared by every plugin's controller.
+    caches: ChildCaches,
 }
 
 /// A file whose modification time is younger than this may still be being written: it
@@ -81,6 +84,11 @@ impl PluginRegistry {
         opts: RegistryOptions,
     ) -> Self {
         PluginRegistry {
+            caches: ChildCaches::new(
+                client.clone(),
+                opts.controller.namespace.clone(),
+                metrics.clone(),
+            ),
             client,
             sandbox,
             metrics,
@@ -94,7 +102,11 @@ impl PluginRegistry {
     pub async fn run_until(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
         loop {
             self.scan().await;
-            self.metrics.set_ready();
+            // Ready once the directory was scanned and the caches of every loaded
+            // plugin's children hold their first list: before that, reconciles wait.
+            if self.caches.all_synced() {
+                self.metrics.set_ready();
+            }
             tokio::select! {
                 _ = tokio::time::sleep(self.opts.poll_interval) => {}
                 _ = &mut stop => break,
@@ -251,6 +263,7 @@ impl PluginRegistry {
             self.client.clone(),
             plugin.clone(),
             self.metrics.clone(),
+            &self.caches,
             &self.opts.controller,
         );
         state.error = None;

@@ -95,7 +95,14 @@ impl Plugin for Widget {
                 "spec": {"selector": {"widget": ctx.name()}, "ports": [{"port": 80, "targetPort": 8080}]},
             }))?;
         }
-        desired.status(&json!({"configMaps": spec.count, "service": spec.service}))?;
+        // What the host showed the plugin, so that tests can check what it observes.
+        let mut observed: Vec<String> = ctx
+            .children::<capstan_sdk::k8s_openapi::api::core::v1::ConfigMap>()
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect();
+        observed.sort();
+        desired.status(&json!({"configMaps": spec.count, "service": spec.service, "observedConfigMaps": observed}))?;
         if let Some(s) = spec.requeue_seconds {
             desired.requeue_after(std::time::Duration::from_secs(u64::from(s)));
         }

@@ -1,0 +1,615 @@
+//! Shared watch caches of the children: one watch per child kind for the whole host,
+//! whichever plugins declare the kind, filtered by the API server to the objects Capstan
+//! manages (label `app.kubernetes.io/managed-by=capstan`) and indexed by controller UID,
+//! so that finding a parent's children costs O(its children) instead of a LIST of the
+//! namespace per reconcile (which makes a sweep over N parents cost O(N²)).
+//!
+//! Each cache also tells the controllers which parents a change concerns: every applied
+//! or deleted child is broadcast with its controller reference, and each plugin's
+//! controller keeps those whose controller is of its parent kind.
+//!
+//! A cache lags the writes the host just made; [`Expectations`] keep a reconcile from
+//! acting on a cache that has not yet seen them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+
+use super::cluster::api_resource;
+use super::metrics::Metrics;
+use crate::contract::KindRef;
+use crate::plan::{MANAGED_BY, MANAGED_BY_LABEL};
+
+/// How many changes a slow controller may fall behind before it misses some (it then
+/// relies on its resync; the miss is logged).
+const CHANGES_CAPACITY: usize = 16 * 1024;
+
+/// (namespace, name) of a cached object.
+pub type Key = (Option<String>, String);
+
+/// The controller of a changed child: which parent to reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerRef {
+    /// `apiVersion` of the controller.
+    pub api_version: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// The child's namespace (the controller's, for namespaced parents).
+    pub namespace: Option<String>,
+}
+
+/// Every cache of the host, by child kind; a cache starts on first use.
+pub struct ChildCaches {
+    client: Client,
+    namespace: Option<String>,
+    metrics: Arc<Metrics>,
+    /// Each cache with the task that feeds it.
+    kinds: Mutex<HashMap<String, (Arc<KindCache>, JoinHandle<()>)>>,
+}
+
+impl ChildCaches {
+    /// No cache yet; `namespace` limits namespaced kinds to one namespace.
+    pub fn new(client: Client, namespace: Option<String>, metrics: Arc<Metrics>) -> Self {
+        ChildCaches {
+            client,
+            namespace,
+            metrics,
+            kinds: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The cache of `kind`, started if it is not running yet.
+    pub fn get(&self, kind: &KindRef) -> Arc<KindCache> {
+        let key = format!("{}/{}", kind.api_version(), kind.kind);
+        let mut kinds = self.kinds.lock().expect("caches lock");
+        kinds
+            .entry(key)
+            .or_insert_with(|| {
+                KindCache::start(
+                    &self.client,
+                    kind,
+                    self.namespace.as_deref(),
+                    self.metrics.clone(),
+                )
+            })
+            .0
+            .clone()
+    }
+}
+
+impl ChildCaches {
+    /// Whether every cache started so far completed its first list.
+    pub fn all_synced(&self) -> bool {
+        self.kinds
+            .lock()
+            .expect("caches lock")
+            .values()
+            .all(|(c, _)| *c.synced.borrow())
+    }
+}
+
+impl Drop for ChildCaches {
+    fn drop(&mut self) {
+        for (_, task) in self.kinds.lock().expect("caches lock").values() {
+            task.abort();
+        }
+    }
+}
+
+/// The cache of one child kind.
+pub struct KindCache {
+    kind: KindRef,
+    index: RwLock<Index>,
+    synced: watch::Sender<bool>,
+    changes: broadcast::Sender<ControllerRef>,
+}
+
+impl KindCache {
+    /// The cache of `kind` and the task that feeds it from a watch.
+    fn start(
+        client: &Client,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        metrics: Arc<Metrics>,
+    ) -> (Arc<Self>, JoinHandle<()>) {
+        let ar = api_resource(kind);
+        let api: Api<DynamicObject> = match (namespace, kind.namespaced) {
+            (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
+            _ => Api::all_with(client.clone(), &ar),
+        };
+        let (synced, _) = watch::channel(false);
+        let (changes, _) = broadcast::channel(CHANGES_CAPACITY);
+        let cache = Arc::new(KindCache {
+            kind: kind.clone(),
+            index: RwLock::new(Index::default()),
+            synced,
+            changes,
+        });
+        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let name = kind.to_string();
+        let fed = cache.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, config)
+                .default_backoff()
+                .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
+                .boxed();
+            let mut relist: Option<Index> = None;
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => fed.apply(event, &mut relist, &ar),
+                    Err(e) => {
+                        let code = watch_error_code(&e);
+                        tracing::warn!(kind = %name, code, "watch of {name} failed: {e}");
+                        metrics.watch_failed(&name, code);
+                    }
+                }
+            }
+        });
+        (cache, task)
+    }
+
+    fn apply(
+        &self,
+        event: watcher::Event<DynamicObject>,
+        relist: &mut Option<Index>,
+        ar: &ApiResource,
+    ) {
+        match event {
+            watcher::Event::Init => *relist = Some(Index::default()),
+            watcher::Event::InitApply(obj) => {
+                if let Some(next) = relist.as_mut() {
+                    next.insert(with_type(obj, ar));
+                }
+            }
+            watcher::Event::InitDone => {
+                let Some(next) = relist.take() else { return };
+                let mut index = self.index.write().expect("index lock");
+                // After a re-list, what changed while the watch was down concerns
+                // parents just as much as a watch event (the first list concerns none:
+                // every parent is reconciled when its controller starts).
+                if *self.synced.borrow() {
+                    for owner in index.differences(&next) {
+                        let _ = self.changes.send(owner);
+                    }
+                }
+                *index = next;
+                drop(index);
+                self.synced.send_replace(true);
+            }
+            watcher::Event::Apply(obj) => {
+                let owner = controller_of(&obj);
+                self.index
+                    .write()
+                    .expect("index lock")
+                    .insert(with_type(obj, ar));
+                if let Some(owner) = owner {
+                    let _ = self.changes.send(owner);
+                }
+            }
+            watcher::Event::Delete(obj) => {
+                let owner = controller_of(&obj);
+                self.index
+                    .write()
+                    .expect("index lock")
+                    .remove(&key_of(&obj));
+                if let Some(owner) = owner {
+                    let _ = self.changes.send(owner);
+                }
+            }
+        }
+    }
+
+    /// The kind cached.
+    pub fn kind(&self) -> &KindRef {
+        &self.kind
+    }
+
+    /// Waits until the first list is complete, at most `timeout`; whether it is.
+    pub async fn synced(&self, timeout: Duration) -> bool {
+        let mut rx = self.synced.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|s| *s))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// The cached objects whose controller reference carries `uid`, in `namespace`.
+    pub fn children_of(&self, uid: &str, namespace: Option<&str>) -> Vec<Arc<DynamicObject>> {
+        self.index
+            .read()
+            .expect("index lock")
+            .children_of(uid)
+            .filter(|o| !self.kind.namespaced || o.metadata.namespace.as_deref() == namespace)
+            .collect()
+    }
+
+    /// The cached object at `key`.
+    pub fn get(&self, key: &Key) -> Option<Arc<DynamicObject>> {
+        self.index
+            .read()
+            .expect("index lock")
+            .objects
+            .get(key)
+            .cloned()
+    }
+
+    /// Changes of children, with their controller, from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<ControllerRef> {
+        self.changes.subscribe()
+    }
+}
+
+/// The watch's error's HTTP status, if the API server answered.
+fn watch_error_code(e: &watcher::Error) -> Option<u16> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
+        watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+/// Watch events of dynamic objects lack `apiVersion` and `kind` only when the server
+/// omits them; a plugin always sees both.
+fn with_type(mut obj: DynamicObject, ar: &ApiResource) -> DynamicObject {
+    if obj.types.is_none() {
+        obj.types = Some(kube::api::TypeMeta {
+            api_version: ar.api_version.clone(),
+            kind: ar.kind.clone(),
+        });
+    }
+    obj
+}
+
+/// (namespace, name) of `obj`.
+pub fn key_of(obj: &DynamicObject) -> Key {
+    (obj.metadata.namespace.clone(), obj.name_any())
+}
+
+/// The controller ownerReference of `obj`, if any.
+fn controller_of(obj: &DynamicObject) -> Option<ControllerRef> {
+    obj.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| ControllerRef {
+            api_version: o.api_version.clone(),
+            kind: o.kind.clone(),
+            name: o.name.clone(),
+            namespace: obj.metadata.namespace.clone(),
+        })
+}
+
+fn controller_uid(obj: &DynamicObject) -> Option<String> {
+    obj.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
+}
+
+/// Objects by key, and the keys of each controller UID's objects.
+#[derive(Default)]
+struct Index {
+    objects: HashMap<Key, Arc<DynamicObject>>,
+    by_controller: HashMap<String, HashSet<Key>>,
+}
+
+impl Index {
+    fn insert(&mut self, obj: DynamicObject) {
+        let key = key_of(&obj);
+        self.remove(&key);
+        if let Some(uid) = controller_uid(&obj) {
+            self.by_controller
+                .entry(uid)
+                .or_default()
+                .insert(key.clone());
+        }
+        self.objects.insert(key, Arc::new(obj));
+    }
+
+    fn remove(&mut self, key: &Key) {
+        let Some(old) = self.objects.remove(key) else {
+            return;
+        };
+        if let Some(uid) = controller_uid(&old)
+            && let Some(keys) = self.by_controller.get_mut(&uid)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_controller.remove(&uid);
+            }
+        }
+    }
+
+    fn children_of<'a>(&'a self, uid: &str) -> impl Iterator<Item = Arc<DynamicObject>> + 'a {
+        self.by_controller
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.objects.get(key).cloned())
+    }
+
+    /// Controllers of the objects that differ between `self` and `next` (added,
+    /// removed, or at another resourceVersion).
+    fn differences(&self, next: &Index) -> Vec<ControllerRef> {
+        let changed = |a: &Index, b: &Index| -> Vec<ControllerRef> {
+            a.objects
+                .iter()
+                .filter(|(key, obj)| {
+                    b.objects.get(*key).is_none_or(|other| {
+                        other.metadata.resource_version != obj.metadata.resource_version
+                    })
+                })
+                .filter_map(|(_, obj)| controller_of(obj))
+                .collect()
+        };
+        let mut out = changed(next, self);
+        out.extend(changed(self, next));
+        out
+    }
+}
+
+/// What the host wrote for one parent, which the caches must show before the parent's
+/// next reconcile may trust them (controller-runtime's "expectations").
+#[derive(Debug, Clone, Default)]
+pub struct Written {
+    /// Children applied: (kind index, key, resourceVersion returned by the write).
+    pub applied: Vec<(usize, Key, Option<String>)>,
+    /// Children pruned: (kind index, key, UID deleted).
+    pub pruned: Vec<(usize, Key, Option<String>)>,
+}
+
+impl Written {
+    /// Whether nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.applied.is_empty() && self.pruned.is_empty()
+    }
+}
+
+/// Per parent UID, the writes the caches have not shown yet.
+#[derive(Default)]
+pub struct Expectations {
+    pending: Mutex<HashMap<String, (Written, Instant)>>,
+}
+
+/// Whether a parent's caches caught up with what was written for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheState {
+    /// Nothing pending: the caches can be trusted.
+    Current,
+    /// Some writes are not in the caches yet: wait.
+    Behind,
+    /// Waited longer than the limit: trust the caches anyway (logged).
+    GaveUp,
+}
+
+impl Expectations {
+    /// Records what was written for the parent `uid` (nothing: forgets it).
+    pub fn expect(&self, uid: &str, written: Written) {
+        let mut pending = self.pending.lock().expect("expectations lock");
+        if written.is_empty() {
+            pending.remove(uid);
+        } else {
+            pending.insert(uid.to_string(), (written, Instant::now()));
+        }
+    }
+
+    /// Forgets the parent `uid` (deleted).
+    pub fn forget(&self, uid: &str) {
+        self.pending.lock().expect("expectations lock").remove(uid);
+    }
+
+    /// Whether the caches show everything written for `uid` (`seen` looks an object up
+    /// by kind index and key); waits at most `limit` from the write.
+    pub fn check(
+        &self,
+        uid: &str,
+        seen: impl Fn(usize, &Key) -> Option<Arc<DynamicObject>>,
+        limit: Duration,
+    ) -> CacheState {
+        let mut pending = self.pending.lock().expect("expectations lock");
+        let Some((written, since)) = pending.get(uid) else {
+            return CacheState::Current;
+        };
+        let applied = written.applied.iter().all(|(index, key, rv)| {
+            seen(*index, key).is_some_and(|obj| {
+                at_least(obj.metadata.resource_version.as_deref(), rv.as_deref())
+            })
+        });
+        let pruned = written
+            .pruned
+            .iter()
+            .all(|(index, key, uid)| seen(*index, key).is_none_or(|obj| obj.metadata.uid != *uid));
+        if applied && pruned {
+            pending.remove(uid);
+            CacheState::Current
+        } else if since.elapsed() > limit {
+            pending.remove(uid);
+            CacheState::GaveUp
+        } else {
+            CacheState::Behind
+        }
+    }
+}
+
+/// Whether the cached resourceVersion `have` is the written one `want` or a later one.
+/// resourceVersions are opaque to clients, but the API server's are etcd revisions:
+/// compared as numbers when both are, else only equality counts.
+fn at_least(have: Option<&str>, want: Option<&str>) -> bool {
+    match (have, want) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(h), Some(w)) => match (h.parse::<u64>(), w.parse::<u64>()) {
+            (Ok(h), Ok(w)) => h >= w,
+            _ => h == w,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cm(name: &str, controller: Option<&str>, rv: &str) -> DynamicObject {
+        let owners = controller.map(|uid| {
+            json!([{"apiVersion": "test.capstan.dev/v1", "kind": "Widget", "name": "w",
+                    "uid": uid, "controller": true}])
+        });
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "resourceVersion": rv, "ownerReferences": owners},
+        }))
+        .unwrap()
+    }
+
+    fn key(name: &str) -> Key {
+        (Some("ns".into()), name.into())
+    }
+
+    fn names(objs: impl Iterator<Item = Arc<DynamicObject>>) -> Vec<String> {
+        let mut n: Vec<String> = objs.map(|o| o.name_any()).collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn the_index_finds_a_parents_children_by_controller_uid() {
+        let mut index = Index::default();
+        index.insert(cm("a-0", Some("uid-a"), "1"));
+        index.insert(cm("a-1", Some("uid-a"), "2"));
+        index.insert(cm("b-0", Some("uid-b"), "3"));
+        index.insert(cm("loose", None, "4"));
+        assert_eq!(names(index.children_of("uid-a")), ["a-0", "a-1"]);
+        assert_eq!(names(index.children_of("uid-b")), ["b-0"]);
+        // A child handed to another controller moves; a deleted one leaves.
+        index.insert(cm("a-1", Some("uid-b"), "5"));
+        assert_eq!(names(index.children_of("uid-a")), ["a-0"]);
+        assert_eq!(names(index.children_of("uid-b")), ["a-1", "b-0"]);
+        index.remove(&key("a-0"));
+        assert!(index.children_of("uid-a").next().is_none());
+        assert!(
+            !index.by_controller.contains_key("uid-a"),
+            "no empty sets left behind"
+        );
+    }
+
+    #[test]
+    fn a_relist_reports_the_parents_of_what_changed_meanwhile() {
+        let mut before = Index::default();
+        before.insert(cm("a-0", Some("uid-a"), "1"));
+        before.insert(cm("b-0", Some("uid-b"), "2"));
+        before.insert(cm("c-0", Some("uid-c"), "3"));
+        let mut after = Index::default();
+        after.insert(cm("a-0", Some("uid-a"), "1")); // unchanged
+        after.insert(cm("b-0", Some("uid-b"), "9")); // edited
+        after.insert(cm("d-0", Some("uid-d"), "4")); // added; c-0 deleted
+        let mut owners: Vec<String> = before
+            .differences(&after)
+            .into_iter()
+            .map(|o| o.name)
+            .collect();
+        owners.sort();
+        owners.dedup();
+        assert_eq!(
+            owners.len(),
+            1,
+            "all four children name parent w: {owners:?}"
+        );
+        assert_eq!(
+            before.differences(&after).len(),
+            4,
+            "b edited counted twice, c, d"
+        );
+    }
+
+    #[test]
+    fn expectations_hold_until_the_cache_shows_every_write() {
+        let expectations = Expectations::default();
+        let limit = Duration::from_secs(30);
+        let mut cache = Index::default();
+        let lookup = |index: &Index| {
+            let objects = index.objects.clone();
+            move |_: usize, key: &Key| objects.get(key).cloned()
+        };
+        assert_eq!(
+            expectations.check("uid-a", lookup(&cache), limit),
+            CacheState::Current
+        );
+        cache.insert(cm("a-1", Some("uid-a"), "5"));
+        expectations.expect(
+            "uid-a",
+            Written {
+                applied: vec![(0, key("a-0"), Some("7".into()))],
+                pruned: vec![(0, key("a-1"), Some("uid-a-1".into()))],
+            },
+        );
+        // Neither the new child nor the deletion is in the cache yet.
+        assert_eq!(
+            expectations.check("uid-a", lookup(&cache), limit),
+            CacheState::Behind
+        );
+        cache.insert(cm("a-0", Some("uid-a"), "6"));
+        assert_eq!(
+            expectations.check("uid-a", lookup(&cache), limit),
+            CacheState::Behind,
+            "an older version"
+        );
+        cache.insert(cm("a-0", Some("uid-a"), "7"));
+        assert_eq!(
+            expectations.check("uid-a", lookup(&cache), limit),
+            CacheState::Behind,
+            "a-1 still there"
+        );
+        cache.remove(&key("a-1"));
+        assert_eq!(
+            expectations.check("uid-a", lookup(&cache), limit),
+            CacheState::Current
+        );
+        // Once met, forgotten: the next check does not look again.
+        assert_eq!(
+            expectations.check("uid-a", |_, _| None, limit),
+            CacheState::Current
+        );
+        // A cache that never catches up is trusted again after the limit.
+        expectations.expect(
+            "uid-b",
+            Written {
+                applied: vec![(0, key("b-0"), Some("1".into()))],
+                pruned: vec![],
+            },
+        );
+        assert_eq!(
+            expectations.check("uid-b", |_, _| None, Duration::ZERO),
+            CacheState::GaveUp
+        );
+        assert_eq!(
+            expectations.check("uid-b", |_, _| None, limit),
+            CacheState::Current
+        );
+    }
+
+    #[test]
+    fn resource_versions_compare_as_revisions() {
+        assert!(at_least(Some("12"), Some("9")));
+        assert!(at_least(Some("9"), Some("9")));
+        assert!(!at_least(Some("8"), Some("9")));
+        assert!(!at_least(None, Some("9")));
+        assert!(at_least(Some("x"), Some("x")));
+        assert!(!at_least(Some("y"), Some("x")));
+        assert!(at_least(None, None));
+    }
+}
