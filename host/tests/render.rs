@@ -300,6 +300,34 @@ fn a_component_built_for_another_contract_version_is_refused() {
 }
 
 #[test]
+fn a_component_importing_what_the_host_does_not_provide_is_refused_by_name() {
+    // The Uuid plugin with its `wasi:random/random` import renamed (same length) to an
+    // interface of wasi:http, as JavaScript toolchains import by default.
+    let bytes = std::fs::read(plugin("uuid")).unwrap();
+    let (from, to) = (b"wasi:random/random@", b"wasi:http/handlers@");
+    let mut patched = bytes.clone();
+    let mut replaced = 0;
+    for i in 0..patched.len().saturating_sub(from.len()) {
+        if &patched[i..i + from.len()] == from {
+            patched[i..i + to.len()].copy_from_slice(to);
+            replaced += 1;
+        }
+    }
+    assert!(replaced > 0, "the import must be in the component");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("http.wasm");
+    std::fs::write(&path, patched).unwrap();
+    assert_fails_with(
+        &["inspect", path.to_str().unwrap()],
+        "imports wasi:http/handlers@0.2",
+    );
+    assert_fails_with(
+        &["inspect", path.to_str().unwrap()],
+        "which Capstan does not provide; build the plugin without wasi:http",
+    );
+}
+
+#[test]
 fn misbehaving_plugins_are_stopped_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let widget = test_plugin("widget");
@@ -334,6 +362,28 @@ fn misbehaving_plugins_are_stopped_with_a_clear_error() {
             "bad-status",
             "plugin output refused: status must be a JSON object: got an array",
         ),
+        // The hostile-plugin suite: time spent outside wasm code is bounded too.
+        (
+            "sleep",
+            "plugin widget ran past its deadline of 300ms and was stopped",
+        ),
+        (
+            "clock-poll",
+            "plugin widget ran past its deadline of 300ms and was stopped",
+        ),
+        (
+            "huge-alloc",
+            "plugin widget exceeded its memory cap of 16 MiB and was stopped",
+        ),
+        ("stack", "plugin widget crashed: wasm trap"),
+        (
+            "nested-json",
+            "plugin output refused: status must be a JSON object: not valid JSON: recursion limit exceeded",
+        ),
+        // Nothing is granted: each attempt fails inside the plugin, which says so.
+        ("file", "file read: refused"),
+        ("socket", "socket connect: refused"),
+        ("env", "environment: 0 variables, 0 arguments"),
     ];
     for (mode, expected) in cases {
         let parent = widget_parent(&dir, mode);
@@ -352,6 +402,81 @@ fn misbehaving_plugins_are_stopped_with_a_clear_error() {
             expected,
         );
     }
+}
+
+#[test]
+fn oversized_output_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let widget = test_plugin("widget");
+    // Memory enough for the plugin to build it: the host's limits must refuse it.
+    for (mode, expected) in [
+        (
+            "big-status",
+            "plugin output refused: status is 20971531 bytes or items, over the limit of 262144",
+        ),
+        (
+            "many-children",
+            "plugin output refused: the list of children is 100000 bytes or items, over the limit of 256",
+        ),
+    ] {
+        let parent = widget_parent(&dir, mode);
+        assert_fails_with(
+            &[
+                "render",
+                "--plugin",
+                widget.to_str().unwrap(),
+                "--parent",
+                &parent,
+                "--plugin-memory-mib",
+                "512",
+                "--plugin-timeout-ms",
+                "10000",
+            ],
+            expected,
+        );
+    }
+}
+
+#[test]
+fn a_plugin_that_sleeps_or_polls_is_stopped_at_its_deadline_not_when_it_wakes() {
+    let deadline = std::time::Duration::from_millis(300);
+    let plugin = Sandbox::new(SandboxConfig {
+        deadline,
+        ..SandboxConfig::default()
+    })
+    .unwrap()
+    .load_file(&test_plugin("widget"))
+    .unwrap();
+    for mode in ["sleep", "clock-poll", "loop"] {
+        let observed = Observed {
+            parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+                "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
+                "spec": {"mode": mode}}),
+            children: vec![],
+        };
+        let started = std::time::Instant::now();
+        let result = plugin.reconcile(&observed);
+        let took = started.elapsed();
+        eprintln!("{mode}: stopped after {took:?} (deadline {deadline:?})");
+        assert!(
+            matches!(result, Err(CallError::Deadline { .. })),
+            "{mode}: {result:?}"
+        );
+        // The guest asked for 30 s; anything near that means the deadline did not hold.
+        // The bound is loose on purpose: this machine may be busy; the figure is printed.
+        assert!(took < deadline * 10, "{mode}: stopped after {took:?}");
+    }
+    // A flood of output is cut, never fatal: the call succeeds.
+    let observed = Observed {
+        parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {"mode": "flood", "count": 1}}),
+        children: vec![],
+    };
+    assert_eq!(
+        plugin.reconcile(&observed).unwrap().unwrap().children.len(),
+        1
+    );
 }
 
 #[test]

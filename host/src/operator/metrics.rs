@@ -16,6 +16,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
+use crate::plugin::SandboxMetrics;
+
 /// The state of one plugin file, as `/plugins` reports it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -72,6 +74,18 @@ pub struct Metrics {
     ready: AtomicBool,
     /// Parts of the host that stopped and will not come back by themselves.
     failed: Mutex<BTreeMap<String, String>>,
+    /// The sandbox's per-plugin figures, for `/plugins`.
+    sandbox: Option<SandboxMetrics>,
+}
+
+impl Metrics {
+    /// The operator's metrics together with the sandbox's per-plugin series.
+    pub fn with_sandbox(sandbox: &SandboxMetrics) -> Self {
+        let mut metrics = Metrics::default();
+        sandbox.register(&mut metrics.registry);
+        metrics.sandbox = Some(sandbox.clone());
+        metrics
+    }
 }
 
 impl Default for Metrics {
@@ -132,6 +146,7 @@ impl Default for Metrics {
             plugins: Mutex::default(),
             ready: AtomicBool::new(false),
             failed: Mutex::default(),
+            sandbox: None,
         }
     }
 }
@@ -252,10 +267,22 @@ impl Metrics {
         out
     }
 
-    /// `/plugins` as JSON.
+    /// `/plugins` as JSON: every plugin file's state and, for a plugin serving, its
+    /// sandbox figures (calls by outcome, peak memory, output dropped).
     pub fn plugins_json(&self) -> String {
         let plugins = self.plugins.lock().expect("metrics lock");
-        serde_json::to_string(&plugins.values().collect::<Vec<_>>()).unwrap_or_else(|_| "[]".into())
+        let list: Vec<serde_json::Value> = plugins
+            .values()
+            .map(|state| {
+                let mut value = serde_json::to_value(state).unwrap_or_default();
+                if let (Some(sandbox), Some(name)) = (&self.sandbox, &state.name) {
+                    value["sandbox"] =
+                        serde_json::to_value(sandbox.summary(name)).unwrap_or_default();
+                }
+                value
+            })
+            .collect();
+        serde_json::to_string(&list).unwrap_or_else(|_| "[]".into())
     }
 }
 

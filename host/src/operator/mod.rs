@@ -52,7 +52,7 @@ pub async fn run(
         "plugin directory {} does not exist",
         dir.display()
     );
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::with_sandbox(sandbox.metrics()));
     let listener = http::bind(opts.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on {}", opts.metrics_addr))?;

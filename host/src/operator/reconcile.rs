@@ -374,11 +374,7 @@ async fn reconcile_parent(
         parent: parent.clone(),
         children: ctx.observed_children(obj)?,
     };
-    let plugin = ctx.plugin.clone();
-    let call_input = observed.clone();
-    let desired = tokio::task::spawn_blocking(move || plugin.reconcile(&call_input))
-        .await
-        .map_err(|e| Failure::Retry(format!("plugin call did not complete: {e}")))???;
+    let desired = ctx.plugin.reconcile_async(&observed).await??;
     let plan = plan::plan(info, parent, desired, &plan::now())?;
     apply_plan(obj, parent, &observed, plan, ctx).await
 }
@@ -526,10 +522,7 @@ async fn finalize(obj: &DynamicObject, parent: &Value, ctx: &Context) -> Result<
         parent: parent.clone(),
         children: ctx.observed_children(obj)?,
     };
-    let plugin = ctx.plugin.clone();
-    let result = tokio::task::spawn_blocking(move || plugin.finalize(&observed))
-        .await
-        .map_err(|e| Failure::Retry(format!("plugin call did not complete: {e}")))???;
+    let result = ctx.plugin.finalize_async(&observed).await??;
     for event in &result.events {
         ctx.cluster.publish(obj, event).await;
     }

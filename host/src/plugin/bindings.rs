@@ -3,9 +3,13 @@
 
 use crate::contract;
 
+// Exports are async: every call runs on a fiber that yields to the sandbox runtime at
+// each epoch tick, so that a host-side timeout can end it whatever the guest does
+// (busy loop, WASI sleep, poll). The `log` import stays synchronous: it never blocks.
 wasmtime::component::bindgen!({
     world: "plugin",
     path: "../wit",
+    exports: { default: async },
 });
 
 pub use self::capstan::plugin::log::{Host as LogHost, Level};

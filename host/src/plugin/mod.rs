@@ -5,15 +5,33 @@
 //! on-disk cache of compiled code. [`Sandbox::load_file`] turns a `.wasm` file into a
 //! [`Plugin`]: compiled, linked, pre-instantiated and described. Every call on a
 //! [`Plugin`] runs in a fresh instance with its own deadline and memory cap.
+//!
+//! **Why the deadline holds whatever the guest does.** Calls are async (wasmtime's
+//! `async_support`): the guest runs on a fiber and, through `epoch_deadline_async_yield_
+//! and_update`, yields back to the executor at every epoch tick (10 ms); WASI's clocks
+//! and polls are async host functions, so a guest that sleeps or polls is a pending
+//! future, not a blocked thread. The whole call (instantiation included) sits inside a
+//! `tokio::time::timeout`: when the deadline passes, the call's future is dropped at its
+//! next yield or wake-up — the fiber is torn down, the `Store` dropped and the instance's
+//! pool slot freed — whether the guest was computing, sleeping, polling a clock or
+//! waiting on a stream. An epoch *trap* alone (the previous design) only fires while wasm
+//! code runs, so a guest blocked in a host call could overrun its deadline without bound.
+//!
+//! Calls run on a runtime of their own (one worker thread per core), so busy guests take
+//! turns with each other in 10 ms slices there and never occupy the threads that serve
+//! the operator's watches and API requests.
 
 mod bindings;
 mod cache;
 mod state;
+mod stats;
+
+pub use stats::{Outcome, SandboxMetrics, SandboxSummary};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
@@ -26,8 +44,12 @@ use state::CallState;
 /// The contract version this host speaks, as in `wit/capstan.wit`.
 pub const CONTRACT_VERSION: &str = "0.1.0";
 const EXPORT_PREFIX: &str = "capstan:plugin/reconciler@";
-/// How often the engine's epoch advances; deadlines are counted in these ticks.
+/// How often the engine's epoch advances: a running guest yields at every tick.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Instances that may exist at once, across all plugins: the pooling allocator
+/// reserves this many slots up front. A call waits for a free slot (outside its
+/// deadline) rather than fail.
+pub const MAX_INSTANCES: u32 = 64;
 
 /// Limits and options of the sandbox every plugin call runs in.
 #[derive(Debug, Clone)]
@@ -133,29 +155,75 @@ pub enum CallError {
     },
 }
 
-/// The wasmtime engine, linker and compile cache shared by every loaded plugin.
+/// The wasmtime engine, linker, compile cache and call runtime shared by every loaded
+/// plugin.
 #[derive(Clone)]
 pub struct Sandbox {
     engine: Engine,
     linker: Arc<Linker<CallState>>,
     config: Arc<SandboxConfig>,
+    runtime: Arc<CallRuntime>,
+    /// One permit per pooled instance slot.
+    slots: Arc<tokio::sync::Semaphore>,
+    metrics: SandboxMetrics,
     _ticker: Arc<EpochTicker>,
+}
+
+/// The tokio runtime plugin calls run on. Shut down in the background when dropped, so
+/// that dropping the last `Sandbox` is fine also inside an async context.
+struct CallRuntime(Option<tokio::runtime::Runtime>);
+
+impl CallRuntime {
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0
+            .as_ref()
+            .expect("the runtime lives until dropped")
+            .handle()
+    }
+}
+
+impl Drop for CallRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl Sandbox {
     /// Creates the engine and starts the epoch ticker that enforces deadlines.
     pub fn new(config: SandboxConfig) -> anyhow::Result<Self> {
-        let engine = Engine::new(&engine_config(&config))?;
+        let engine = Engine::new(&engine_config(&config)).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reserve the plugin instance pool ({MAX_INSTANCES} instances of up to {} MiB): {}",
+                config.memory_limit >> 20,
+                one_line(&e)
+            )
+        })?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         bindings::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)?;
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name("capstan-sandbox")
+            .enable_time()
+            .build()?;
         let ticker = EpochTicker::start(engine.clone());
         Ok(Sandbox {
             engine,
             linker: Arc::new(linker),
             config: Arc::new(config),
+            runtime: Arc::new(CallRuntime(Some(runtime))),
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_INSTANCES as usize)),
+            metrics: SandboxMetrics::default(),
             _ticker: Arc::new(ticker),
         })
+    }
+
+    /// Per-plugin call metrics.
+    pub fn metrics(&self) -> &SandboxMetrics {
+        &self.metrics
     }
 
     /// The configuration the sandbox was made with.
@@ -193,6 +261,10 @@ impl Sandbox {
             path: path.to_owned(),
             reason,
         })?;
+        check_imports(&self.engine, &component).map_err(|reason| LoadError::Contract {
+            path: path.to_owned(),
+            reason,
+        })?;
         let instance_pre =
             self.linker
                 .instantiate_pre(&component)
@@ -208,7 +280,7 @@ impl Sandbox {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "plugin".into());
-        let mut plugin = Plugin {
+        let plugin = Plugin {
             inner: Arc::new(PluginInner {
                 info: placeholder_info(&file_name),
                 pre,
@@ -225,10 +297,17 @@ impl Sandbox {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
-        Arc::get_mut(&mut plugin.inner)
-            .expect("plugin not shared yet")
-            .info = info;
-        Ok(plugin)
+        // The describing call may still hold a clone of the placeholder for a moment.
+        let inner = &plugin.inner;
+        Ok(Plugin {
+            inner: Arc::new(PluginInner {
+                info,
+                pre: inner.pre.clone(),
+                sandbox: self.clone(),
+                sha256: inner.sha256.clone(),
+                path: inner.path.clone(),
+            }),
+        })
     }
 }
 
@@ -237,13 +316,14 @@ fn engine_config(config: &SandboxConfig) -> wasmtime::Config {
     c.wasm_component_model(true);
     c.epoch_interruption(true);
     let mut pool = wasmtime::PoolingAllocationConfig::default();
-    // Bounded pool: up to 64 concurrent instances, each memory capped at the sandbox's
-    // limit, so address-space reservations stay modest.
-    pool.total_component_instances(64)
-        .total_core_instances(64 * 4)
-        .total_memories(64 * 2)
-        .total_tables(64 * 4)
-        .total_stacks(64)
+    // Bounded pool: up to MAX_INSTANCES concurrent instances, each memory capped at the
+    // sandbox's limit, so address-space reservations stay modest.
+    let n = MAX_INSTANCES;
+    pool.total_component_instances(n)
+        .total_core_instances(n * 4)
+        .total_memories(n * 2)
+        .total_tables(n * 4)
+        .total_stacks(n)
         .max_memory_size(config.memory_limit);
     c.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
     c.memory_reservation(config.memory_limit as u64);
@@ -292,57 +372,165 @@ impl Plugin {
     }
 
     fn describe(&self) -> Result<PluginInfo, CallError> {
-        self.call(|plugin, store| plugin.call_describe(store))
-            .map(Into::into)
+        self.blocking(|plugin| async move {
+            plugin
+                .call(
+                    async |guest, store| guest.call_describe(store).await,
+                    |_| Outcome::Ok,
+                )
+                .await
+                .map(Into::into)
+        })
     }
 
-    /// Calls `reconcile` in a fresh instance.
+    /// Calls `reconcile` in a fresh instance, on the sandbox's runtime.
+    pub async fn reconcile_async(
+        &self,
+        observed: &Observed,
+    ) -> Result<Result<Desired, PluginError>, CallError> {
+        let observed = bindings::observed_to_wit(observed);
+        self.spawn(|plugin| async move {
+            plugin
+                .call(
+                    async |guest, store| guest.call_reconcile(store, &observed).await,
+                    answer_outcome,
+                )
+                .await
+                .map(|r| r.map(Into::into).map_err(Into::into))
+        })
+        .await
+    }
+
+    /// Calls `finalize` in a fresh instance, on the sandbox's runtime.
+    pub async fn finalize_async(
+        &self,
+        observed: &Observed,
+    ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
+        let observed = bindings::observed_to_wit(observed);
+        self.spawn(|plugin| async move {
+            plugin
+                .call(
+                    async |guest, store| guest.call_finalize(store, &observed).await,
+                    answer_outcome,
+                )
+                .await
+                .map(|r| r.map(Into::into).map_err(Into::into))
+        })
+        .await
+    }
+
+    /// Calls `reconcile` and waits for it, from a thread that is not running async code
+    /// (the command line, tests).
     pub fn reconcile(
         &self,
         observed: &Observed,
     ) -> Result<Result<Desired, PluginError>, CallError> {
         let observed = bindings::observed_to_wit(observed);
-        self.call(|plugin, store| plugin.call_reconcile(store, &observed))
-            .map(|r| r.map(Into::into).map_err(Into::into))
+        self.blocking(|plugin| async move {
+            plugin
+                .call(
+                    async |guest, store| guest.call_reconcile(store, &observed).await,
+                    answer_outcome,
+                )
+                .await
+                .map(|r| r.map(Into::into).map_err(Into::into))
+        })
     }
 
-    /// Calls `finalize` in a fresh instance.
-    pub fn finalize(
-        &self,
-        observed: &Observed,
-    ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
-        let observed = bindings::observed_to_wit(observed);
-        self.call(|plugin, store| plugin.call_finalize(store, &observed))
-            .map(|r| r.map(Into::into).map_err(Into::into))
+    /// Runs `call` on the sandbox's runtime and awaits it. Should the caller stop
+    /// waiting, the call still ends at its deadline.
+    async fn spawn<R, F>(&self, call: impl FnOnce(Plugin) -> F) -> Result<R, CallError>
+    where
+        F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
+        R: Send + 'static,
+    {
+        let task = self
+            .inner
+            .sandbox
+            .runtime
+            .handle()
+            .spawn(call(self.clone()));
+        task.await.unwrap_or_else(|e| Err(self.lost(e)))
+    }
+
+    /// Runs `call` on the sandbox's runtime and blocks until it is done.
+    fn blocking<R, F>(&self, call: impl FnOnce(Plugin) -> F) -> Result<R, CallError>
+    where
+        F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
+        R: Send + 'static,
+    {
+        let runtime = self.inner.sandbox.runtime.handle();
+        let task = runtime.spawn(call(self.clone()));
+        runtime.block_on(task).unwrap_or_else(|e| Err(self.lost(e)))
+    }
+
+    fn lost(&self, e: tokio::task::JoinError) -> CallError {
+        CallError::Trap {
+            plugin: self.inner.info.name.clone(),
+            message: format!("the call did not complete: {e}"),
+        }
     }
 
     /// Runs `f` against a fresh instance under the deadline and memory cap, then logs
-    /// what the plugin printed.
-    fn call<R>(
+    /// what the plugin printed. The deadline covers instantiation and the call; waiting
+    /// for a free instance slot comes before it and is never the plugin's fault.
+    async fn call<R>(
         &self,
-        f: impl FnOnce(
+        f: impl AsyncFnOnce(
             &bindings::exports::capstan::plugin::reconciler::Guest,
             &mut Store<CallState>,
         ) -> wasmtime::Result<R>,
+        outcome_of: impl Fn(&R) -> Outcome,
     ) -> Result<R, CallError> {
         let sandbox = &self.inner.sandbox;
         let name = &self.inner.info.name;
+        let waiting = Instant::now();
+        let _slot = sandbox
+            .slots
+            .acquire()
+            .await
+            .expect("the slot semaphore is never closed");
+        sandbox.metrics.waited_for_slot(waiting.elapsed());
         let mut store = Store::new(
             &sandbox.engine,
             CallState::new(name, sandbox.config.memory_limit),
         );
         store.limiter(|s| &mut s.limits);
-        let ticks = (sandbox.config.deadline.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
-        store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
-        let result = self
-            .inner
-            .pre
-            .instantiate(&mut store)
-            .and_then(|instance| f(instance.capstan_plugin_reconciler(), &mut store));
+        store.epoch_deadline_async_yield_and_update(1);
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(sandbox.config.deadline, async {
+            let instance = self.inner.pre.instantiate_async(&mut store).await?;
+            f(instance.capstan_plugin_reconciler(), &mut store).await
+        })
+        .await;
+        let took = started.elapsed();
         let output = store.data_mut().take_output();
         output.log(name);
-        result.map_err(|err| self.classify(err, store.data(), &output))
+        let result = match outcome {
+            Ok(result) => result.map_err(|err| self.classify(err, store.data(), &output)),
+            Err(_) => {
+                tracing::debug!(plugin = %name, elapsed = ?took, "call stopped at its deadline");
+                Err(CallError::Deadline {
+                    plugin: name.clone(),
+                    deadline: sandbox.config.deadline,
+                })
+            }
+        };
+        let outcome = match &result {
+            Ok(answer) => outcome_of(answer),
+            Err(CallError::Deadline { .. }) => Outcome::Deadline,
+            Err(CallError::MemoryCap { .. }) => Outcome::Memory,
+            Err(CallError::Panic { .. }) => Outcome::Panic,
+            Err(CallError::Trap { .. }) => Outcome::Trap,
+        };
+        sandbox.metrics.record(
+            name,
+            outcome,
+            took,
+            store.data().peak_memory() as u64,
+            output.dropped(),
+        );
+        result
     }
 
     fn classify(
@@ -372,6 +560,16 @@ impl Plugin {
             None => one_line(&err),
         };
         CallError::Trap { plugin, message }
+    }
+}
+
+/// The outcome of a call that returned the plugin's own `result<_, error>`.
+fn answer_outcome<T>(answer: &Result<T, bindings::capstan::plugin::types::Error>) -> Outcome {
+    use bindings::capstan::plugin::types::Error;
+    match answer {
+        Ok(_) => Outcome::Ok,
+        Err(Error::Invalid(_)) => Outcome::Invalid,
+        Err(Error::Retry(_)) => Outcome::Retry,
     }
 }
 
@@ -412,6 +610,41 @@ fn check_contract_version(engine: &Engine, component: &Component) -> Result<(), 
         ));
     }
     Ok(())
+}
+
+/// Interface packages the host provides: WASI with nothing granted, and the contract.
+const PROVIDED_PACKAGES: &[&str] = &[
+    "wasi:cli/",
+    "wasi:clocks/",
+    "wasi:filesystem/",
+    "wasi:io/",
+    "wasi:random/",
+    "wasi:sockets/",
+    "capstan:plugin/",
+];
+
+/// Refuses a component that imports an interface the host does not provide, naming it
+/// and the fix (linking would fail later with an opaque "implementation is missing").
+fn check_imports(engine: &Engine, component: &Component) -> Result<(), String> {
+    let missing: Vec<String> = component
+        .component_type()
+        .imports(engine)
+        .map(|(name, _)| name.to_string())
+        .filter(|name| !PROVIDED_PACKAGES.iter().any(|p| name.starts_with(p)))
+        .collect();
+    let Some(first) = missing.first() else {
+        return Ok(());
+    };
+    let package = first.split('/').next().unwrap_or(first);
+    let hint = if package == "wasi:http" {
+        " (JavaScript: componentize with http and fetch-event disabled)"
+    } else {
+        ""
+    };
+    Err(format!(
+        "it imports {}, which Capstan does not provide; build the plugin without {package}{hint}",
+        missing.join(", ")
+    ))
 }
 
 /// Component-model semver compatibility: same major, or for `0.x`, the same minor.

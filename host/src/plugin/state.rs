@@ -1,9 +1,15 @@
 //! The per-call store state: WASI with nothing granted, the memory limiter, the captured
 //! stdout/stderr, and the host side of the `log` interface.
 
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{Level, LogHost};
@@ -16,16 +22,16 @@ pub struct CallState {
     plugin: String,
     wasi: WasiCtx,
     table: ResourceTable,
-    stdout: MemoryOutputPipe,
-    stderr: MemoryOutputPipe,
+    stdout: BoundedOutput,
+    stderr: BoundedOutput,
     pub(super) limits: MemoryCap,
 }
 
 impl CallState {
     /// State for one call of `plugin`, with `memory_limit` bytes of linear memory.
     pub fn new(plugin: &str, memory_limit: usize) -> Self {
-        let stdout = MemoryOutputPipe::new(OUTPUT_CAPACITY);
-        let stderr = MemoryOutputPipe::new(OUTPUT_CAPACITY);
+        let stdout = BoundedOutput::new(OUTPUT_CAPACITY);
+        let stderr = BoundedOutput::new(OUTPUT_CAPACITY);
         // The builder's defaults grant nothing: no preopens, no env, no args, stdin
         // closed, every socket address denied. Say the network part out loud anyway.
         let wasi = WasiCtx::builder()
@@ -44,8 +50,14 @@ impl CallState {
             limits: MemoryCap {
                 limit: memory_limit,
                 exceeded: false,
+                peak: 0,
             },
         }
+    }
+
+    /// The largest linear memory the instance grew to, in bytes.
+    pub fn peak_memory(&self) -> usize {
+        self.limits.peak
     }
 
     /// Whether the instance tried to grow past its memory cap.
@@ -55,9 +67,12 @@ impl CallState {
 
     /// What the plugin printed during the call.
     pub fn take_output(&mut self) -> Output {
+        let (stdout, out_dropped) = self.stdout.take();
+        let (stderr, err_dropped) = self.stderr.take();
         Output {
-            stdout: String::from_utf8_lossy(&self.stdout.contents()).into_owned(),
-            stderr: String::from_utf8_lossy(&self.stderr.contents()).into_owned(),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            dropped: out_dropped + err_dropped,
         }
     }
 }
@@ -75,11 +90,21 @@ impl WasiView for CallState {
 pub struct Output {
     stdout: String,
     stderr: String,
+    /// Bytes printed beyond the capacity, dropped.
+    dropped: u64,
 }
 
 impl Output {
+    /// Bytes the plugin printed beyond what the host keeps, dropped.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
     /// Sends every printed line to the host's log, tagged with the plugin's name.
     pub fn log(&self, plugin: &str) {
+        if self.dropped > 0 {
+            tracing::warn!(target: "capstan::plugin", plugin, dropped = self.dropped, "the plugin printed more than {OUTPUT_CAPACITY} bytes on a stream in one call; the rest was dropped");
+        }
         for line in self.stdout.lines().filter(|l| !l.trim().is_empty()) {
             tracing::info!(target: "capstan::plugin", plugin, stream = "stdout", "{line}");
         }
@@ -112,11 +137,102 @@ impl Output {
     }
 }
 
+/// A stdout/stderr that keeps the first `capacity` bytes of a call and drops (and
+/// counts) the rest. It never refuses a write: a guest whose writes fail would panic
+/// (Rust's `println!` does), turning chatty into broken.
+#[derive(Clone)]
+pub struct BoundedOutput {
+    capacity: usize,
+    inner: Arc<Mutex<(Vec<u8>, u64)>>,
+}
+
+impl BoundedOutput {
+    /// An empty stream keeping up to `capacity` bytes.
+    pub fn new(capacity: usize) -> Self {
+        BoundedOutput {
+            capacity,
+            inner: Arc::new(Mutex::new((Vec::new(), 0))),
+        }
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let mut inner = self.inner.lock().expect("output lock");
+        let room = self.capacity.saturating_sub(inner.0.len());
+        let kept = bytes.len().min(room);
+        inner.0.extend_from_slice(&bytes[..kept]);
+        inner.1 += (bytes.len() - kept) as u64;
+    }
+
+    /// What was kept, and how many bytes were dropped.
+    pub fn take(&self) -> (Vec<u8>, u64) {
+        let mut inner = self.inner.lock().expect("output lock");
+        (std::mem::take(&mut inner.0), std::mem::take(&mut inner.1))
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for BoundedOutput {
+    fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
+        self.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), StreamError> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        // Always room: what does not fit is dropped, not refused.
+        Ok(64 << 10)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for BoundedOutput {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for BoundedOutput {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl IsTerminal for BoundedOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for BoundedOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
 /// Caps an instance's linear memory, and remembers that the cap was hit so the host can
 /// say so instead of reporting an opaque trap.
 pub struct MemoryCap {
     limit: usize,
     exceeded: bool,
+    peak: usize,
 }
 
 impl ResourceLimiter for MemoryCap {
@@ -130,6 +246,7 @@ impl ResourceLimiter for MemoryCap {
             self.exceeded = true;
             wasmtime::bail!("memory cap of {} bytes exceeded", self.limit);
         }
+        self.peak = self.peak.max(desired);
         Ok(true)
     }
 
@@ -177,6 +294,7 @@ mod tests {
         let out = Output {
             stdout: String::new(),
             stderr: "thread '<unnamed>' panicked at src/lib.rs:10:5:\nboom: spec.replicas missing\nnote: run with `RUST_BACKTRACE=1`\n".into(),
+            dropped: 0,
         };
         assert_eq!(
             out.panic_message().as_deref(),
@@ -185,8 +303,21 @@ mod tests {
         let quiet = Output {
             stdout: "hello".into(),
             stderr: String::new(),
+            dropped: 0,
         };
         assert_eq!(quiet.panic_message(), None);
+    }
+
+    #[test]
+    fn output_past_the_capacity_is_dropped_and_counted_never_refused() {
+        let mut out = BoundedOutput::new(8);
+        assert_eq!(out.check_write().unwrap(), 64 << 10);
+        out.write(Bytes::from_static(b"hello ")).unwrap();
+        out.write(Bytes::from_static(b"world, and more")).unwrap();
+        assert!(out.check_write().is_ok(), "still accepting");
+        let (kept, dropped) = out.take();
+        assert_eq!(kept, b"hello wo");
+        assert_eq!(dropped, 13);
     }
 
     #[test]
@@ -194,6 +325,7 @@ mod tests {
         let mut cap = MemoryCap {
             limit: 1 << 20,
             exceeded: false,
+            peak: 0,
         };
         assert!(cap.memory_growing(0, 1 << 20, None).unwrap());
         assert!(!cap.exceeded);

@@ -21,7 +21,9 @@ pub struct WidgetSpec {
     /// Data written into every ConfigMap.
     pub message: String,
     /// A misbehaviour: trap, panic, loop, oom, undeclared-kind, other-namespace,
-    /// foreign-owner, bad-status, invalid, retry, print.
+    /// foreign-owner, bad-status, invalid, retry, print; and the hostile ones of the
+    /// sandbox suite: sleep, clock-poll, stdin, flood, file, socket, env, huge-alloc,
+    /// stack, nested-json, big-status, many-children.
     pub mode: String,
     /// Ask for a requeue after this many seconds.
     pub requeue_seconds: Option<u32>,
@@ -73,6 +75,79 @@ impl Plugin for Widget {
             }
             "invalid" => return Err(Error::invalid("spec.mode says this spec is invalid")),
             "retry" => return Err(Error::retry("spec.mode asks for a retry")),
+            // Time spent outside wasm code: a WASI sleep, a clock polled in a loop.
+            "sleep" => std::thread::sleep(std::time::Duration::from_secs(30)),
+            "clock-poll" => {
+                let start = std::time::Instant::now();
+                while start.elapsed() < std::time::Duration::from_secs(30) {
+                    std::hint::black_box(std::time::SystemTime::now());
+                }
+            }
+            "stdin" => {
+                let mut line = String::new();
+                let n = std::io::stdin().read_line(&mut line).unwrap_or(0);
+                capstan_sdk::info!("stdin gave {n} bytes");
+            }
+            "flood" => {
+                let chunk = "x".repeat(1023);
+                for _ in 0..(10 << 10) {
+                    println!("{chunk}");
+                }
+            }
+            // What the sandbox grants nothing of: each must fail inside the plugin.
+            "file" => {
+                let read = std::fs::read_to_string("/etc/passwd");
+                return Err(Error::invalid(format!("file read: {}", outcome(&read))));
+            }
+            "socket" => {
+                let connected = std::net::TcpStream::connect("127.0.0.1:80");
+                return Err(Error::invalid(format!(
+                    "socket connect: {}",
+                    outcome(&connected)
+                )));
+            }
+            "env" => {
+                let vars = std::env::vars().count();
+                let args = std::env::args().count();
+                return Err(Error::invalid(format!(
+                    "environment: {vars} variables, {args} arguments"
+                )));
+            }
+            "huge-alloc" => {
+                let big = vec![7u8; 1 << 30];
+                std::hint::black_box(&big);
+            }
+            "stack" => {
+                fn deeper(n: u64) -> u64 {
+                    let pad = std::hint::black_box([n; 64]);
+                    if n == u64::MAX {
+                        0
+                    } else {
+                        deeper(n + 1) + pad[3]
+                    }
+                }
+                std::hint::black_box(deeper(0));
+            }
+            "nested-json" => {
+                // Deeper than any real status; built without recursion in the guest.
+                let mut nested = json!(1);
+                for _ in 0..1000 {
+                    nested = json!({ "a": nested });
+                }
+                desired.status(&nested)?;
+                return Ok(desired);
+            }
+            "big-status" => {
+                desired.status(&json!({"blob": "x".repeat(20 << 20)}))?;
+                return Ok(desired);
+            }
+            "many-children" => {
+                for i in 0..100_000 {
+                    desired.child(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": format!("{}-many-{i}", ctx.name())}}))?;
+                }
+                return Ok(desired);
+            }
             "print" => {
                 println!("hello from widget {}", ctx.name());
                 capstan_sdk::warn!("widget {} logs a warning", ctx.name());
@@ -107,6 +182,14 @@ impl Plugin for Widget {
             desired.requeue_after(std::time::Duration::from_secs(u64::from(s)));
         }
         Ok(desired)
+    }
+}
+
+/// "ok" or the error, for the modes that report what the sandbox let them do.
+fn outcome<T>(r: &std::io::Result<T>) -> String {
+    match r {
+        Ok(_) => "ok".into(),
+        Err(e) => format!("refused ({e})"),
     }
 }
 
