@@ -53,8 +53,11 @@ pub struct ChildCaches {
     namespace: Option<String>,
     metrics: Arc<Metrics>,
     /// Each cache with the task that feeds it.
-    kinds: Mutex<HashMap<String, (Arc<KindCache>, JoinHandle<()>)>>,
+    kinds: Mutex<HashMap<String, FedCache>>,
 }
+
+/// A cache and the task that feeds it from its watch.
+type FedCache = (Arc<KindCache>, JoinHandle<()>);
 
 impl ChildCaches {
     /// No cache yet; `namespace` limits namespaced kinds to one namespace.
