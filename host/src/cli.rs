@@ -141,6 +141,11 @@ struct SandboxArgs {
     /// Directory of the compiled-code cache (none: compile every time).
     #[arg(long, env = "CAPSTAN_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// Plugin instances that may exist at once, across all plugins: the pool reserved
+    /// at start (default for `run`: 16 x --concurrency, so that 16 plugins each run
+    /// their full concurrency without waiting; otherwise 4).
+    #[arg(long, env = "CAPSTAN_PLUGIN_INSTANCES")]
+    plugin_instances: Option<u32>,
 }
 
 impl SandboxArgs {
@@ -149,6 +154,7 @@ impl SandboxArgs {
             deadline: Duration::from_millis(self.plugin_timeout_ms.max(1)),
             memory_limit: self.plugin_memory_mib.max(1) << 20,
             cache_dir: self.cache_dir.clone(),
+            instances: self.plugin_instances.unwrap_or(4).max(1),
         })
         .context("cannot set up the plugin sandbox")
     }
@@ -249,10 +255,22 @@ fn run_operator(args: RunArgs) -> Result<()> {
         sandbox.cache_dir =
             std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/capstan/compiled"));
     }
+    let concurrency = args.concurrency.max(1);
+    let instances = *sandbox
+        .plugin_instances
+        .get_or_insert(16 * u32::from(concurrency));
+    // A plugin runs up to --concurrency calls at once; a pool smaller than that would
+    // let one plugin's calls take every slot from all the others.
+    anyhow::ensure!(
+        instances > u32::from(concurrency),
+        "--plugin-instances {instances} must be larger than --concurrency {concurrency}: one plugin's calls could take every instance slot"
+    );
     let sandbox = sandbox.sandbox()?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
-        let client = kube_client(args.kubeconfig.as_deref(), args.context.clone()).await?;
+        let identity = identity();
+        let client =
+            kube_client(args.kubeconfig.as_deref(), args.context.clone(), &identity).await?;
         let opts = OperatorOptions {
             registry: RegistryOptions {
                 dir: args.plugins,
@@ -261,7 +279,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 controller: ControllerOptions {
                     namespace: args.namespace,
                     default_resync: Duration::from_secs(args.resync_seconds.max(1)),
-                    concurrency: args.concurrency.max(1),
+                    concurrency,
                     fence: if args.leader_elect {
                         WriteFence::for_leader_election()
                     } else {
@@ -277,7 +295,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
                         .clone()
                         .unwrap_or_else(own_namespace),
                     &args.leader_election_id,
-                    &identity(),
+                    &identity,
                     Duration::from_secs(args.lease_duration_seconds.max(1)),
                 )
             }),
@@ -306,12 +324,19 @@ fn identity() -> String {
     })
 }
 
-async fn kube_client(kubeconfig: Option<&Path>, context: Option<String>) -> Result<kube::Client> {
+/// A client as kubectl would configure it, whose requests carry the user agent
+/// `capstan/<version> (<identity>)`: the API server's audit log then says which replica
+/// made each request.
+async fn kube_client(
+    kubeconfig: Option<&Path>,
+    context: Option<String>,
+    identity: &str,
+) -> Result<kube::Client> {
     let options = kube::config::KubeConfigOptions {
         context,
         ..Default::default()
     };
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
@@ -322,6 +347,13 @@ async fn kube_client(kubeconfig: Option<&Path>, context: Option<String>) -> Resu
             .await
             .context("no Kubernetes configuration found (set KUBECONFIG or --kubeconfig)")?,
     };
+    let user_agent = format!("capstan/{} ({identity})", env!("CARGO_PKG_VERSION"));
+    config.headers.push((
+        "user-agent".parse()?,
+        user_agent
+            .parse()
+            .with_context(|| format!("{user_agent:?} is not a valid user agent"))?,
+    ));
     let client = kube::Client::try_from(config)?;
     let version = client
         .apiserver_version()

@@ -29,6 +29,7 @@ fn load() -> Plugin {
                 deadline: Duration::from_secs(2),
                 memory_limit: 64 << 20,
                 cache_dir: None,
+                ..SandboxConfig::default()
             })
             .unwrap()
             .load_file(&plugin("postgresql"))

@@ -16,6 +16,7 @@ fn sandbox() -> Sandbox {
         deadline: Duration::from_millis(500),
         memory_limit: 32 << 20,
         cache_dir: None,
+        ..SandboxConfig::default()
     })
     .unwrap()
 }
@@ -380,6 +381,10 @@ fn misbehaving_plugins_are_stopped_with_a_clear_error() {
             "nested-json",
             "plugin output refused: status must be a JSON object: not valid JSON: recursion limit exceeded",
         ),
+        (
+            "foreign-owner",
+            "plugin output refused: child ConfigMap.v1 \"w-owned\" has an ownerReference to Secret someone-else, not to the parent",
+        ),
         // Nothing is granted: each attempt fails inside the plugin, which says so.
         ("file", "file read: refused"),
         ("socket", "socket connect: refused"),
@@ -538,5 +543,87 @@ fn compiled_code_is_cached_on_disk() {
             .unwrap()
             .load_file(&plugin("uuid"))
             .is_ok()
+    );
+}
+
+#[test]
+fn a_describe_that_never_returns_is_refused_at_its_deadline() {
+    let stall = test_plugin("stall");
+    let started = std::time::Instant::now();
+    assert_fails_with(
+        &[
+            "inspect",
+            stall.to_str().unwrap(),
+            "--plugin-timeout-ms",
+            "300",
+        ],
+        "describe failed: plugin stall ran past its deadline of 300ms and was stopped",
+    );
+    let took = started.elapsed();
+    eprintln!("a describe that sleeps for an hour was refused after {took:?}");
+    // The guest sleeps for an hour; the bound is loose because the machine may be busy.
+    assert!(took < Duration::from_secs(10), "refused after {took:?}");
+}
+
+#[test]
+fn a_describe_that_changes_between_calls_is_taken_once_per_load() {
+    // The plugin really is fickle: two loads see two answers.
+    let versions: Vec<String> = (0..2)
+        .map(|_| {
+            let out = capstan(&["inspect", test_plugin("fickle").to_str().unwrap()]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let info: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+            info["version"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_ne!(versions[0], versions[1], "describe should vary");
+    // One load is one answer: every call of that loaded version is held to it.
+    let plugin = sandbox().load_file(&test_plugin("fickle")).unwrap();
+    let declared_secrets = plugin.info().children.iter().any(|k| k.kind == "Secret");
+    let parent = json!({"apiVersion": "test.capstan.dev/v1", "kind": "Fickle",
+        "metadata": {"name": "f", "namespace": "ns", "uid": "u", "generation": 1}});
+    for _ in 0..5 {
+        let rendered = render::render(
+            &plugin,
+            &Observed {
+                parent: parent.clone(),
+                children: vec![],
+            },
+            "t",
+        );
+        match (&rendered, declared_secrets) {
+            (Ok(r), true) => assert_eq!(r.plan.children.len(), 2),
+            (Err(e), false) => assert!(
+                e.to_string().contains(
+                    "child Secret.v1 \"f-secret\" is of a kind the plugin did not declare"
+                ),
+                "{e}"
+            ),
+            _ => panic!(
+                "declared Secrets at load: {declared_secrets}, yet render gave {:?}",
+                rendered.map(|r| r.plan.children.len())
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_pool_no_larger_than_one_plugins_concurrency_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_fails_with(
+        &[
+            "run",
+            "--plugins",
+            dir.path().to_str().unwrap(),
+            "--concurrency",
+            "8",
+            "--plugin-instances",
+            "8",
+        ],
+        "--plugin-instances 8 must be larger than --concurrency 8",
     );
 }

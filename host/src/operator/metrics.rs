@@ -16,7 +16,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-use crate::plugin::SandboxMetrics;
+use crate::plugin::{Plugin, SandboxMetrics};
 
 /// The state of one plugin file, as `/plugins` reports it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -30,6 +30,13 @@ pub struct PluginState {
     /// Parent kind it reconciles.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
+    /// The version serving, as its `describe` said at load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The child kinds that version declared at load: the only kinds the host writes
+    /// for it, whatever a later `describe` might say.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<String>,
     /// sha256 of the version serving.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
@@ -38,6 +45,26 @@ pub struct PluginState {
     /// Why the last load of this file failed, if it did (the old version may still serve).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+impl PluginState {
+    /// The state of `file`: `serving` is the version with a running controller, if any;
+    /// `error` why its last load failed, if it did.
+    pub fn of(file: &std::path::Path, serving: Option<&Plugin>, error: Option<String>) -> Self {
+        let info = serving.map(Plugin::info);
+        PluginState {
+            file: file.display().to_string(),
+            name: info.map(|i| i.name.clone()),
+            kind: info.map(|i| i.parent.to_string()),
+            version: info.map(|i| i.version.clone()),
+            children: info
+                .map(|i| i.children.iter().map(ToString::to_string).collect())
+                .unwrap_or_default(),
+            sha256: serving.map(|p| p.sha256().to_string()),
+            serving: serving.is_some(),
+            error,
+        }
+    }
 }
 
 /// Labels of a per-plugin series.

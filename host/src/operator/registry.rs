@@ -268,14 +268,8 @@ impl PluginRegistry {
         );
         state.error = None;
         state.retry = None;
-        self.metrics.set_plugin(PluginState {
-            file: path.display().to_string(),
-            name: Some(plugin.info().name.clone()),
-            kind: Some(plugin.info().parent.to_string()),
-            sha256: Some(plugin.sha256().to_string()),
-            serving: true,
-            error: None,
-        });
+        self.metrics
+            .set_plugin(PluginState::of(path, Some(&plugin), None));
         state.serving = Some((plugin, controller));
     }
 
@@ -308,14 +302,8 @@ impl PluginRegistry {
         let state = self.files.entry(path.to_path_buf()).or_default();
         state.error = Some(message.clone());
         let serving = state.serving.as_ref().map(|(p, _)| p);
-        self.metrics.set_plugin(PluginState {
-            file: path.display().to_string(),
-            name: serving.map(|p| p.info().name.clone()),
-            kind: serving.map(|p| p.info().parent.to_string()),
-            sha256: serving.map(|p| p.sha256().to_string()),
-            serving: serving.is_some(),
-            error: Some(message),
-        });
+        self.metrics
+            .set_plugin(PluginState::of(path, serving, Some(message)));
     }
 }
 

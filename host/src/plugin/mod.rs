@@ -46,10 +46,10 @@ pub const CONTRACT_VERSION: &str = "0.1.0";
 const EXPORT_PREFIX: &str = "capstan:plugin/reconciler@";
 /// How often the engine's epoch advances: a running guest yields at every tick.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Instances that may exist at once, across all plugins: the pooling allocator
-/// reserves this many slots up front. A call waits for a free slot (outside its
-/// deadline) rather than fail.
-pub const MAX_INSTANCES: u32 = 64;
+/// Instances that may exist at once across all plugins, unless configured: the
+/// pooling allocator reserves this many slots up front. A call waits for a free slot
+/// (outside its deadline) rather than fail.
+pub const DEFAULT_INSTANCES: u32 = 64;
 
 /// Limits and options of the sandbox every plugin call runs in.
 #[derive(Debug, Clone)]
@@ -60,6 +60,8 @@ pub struct SandboxConfig {
     pub memory_limit: usize,
     /// Where compiled code is cached; `None` compiles every time.
     pub cache_dir: Option<PathBuf>,
+    /// Instances that may exist at once, across all plugins (the pool's size).
+    pub instances: u32,
 }
 
 impl Default for SandboxConfig {
@@ -68,6 +70,7 @@ impl Default for SandboxConfig {
             deadline: Duration::from_secs(2),
             memory_limit: 64 << 20,
             cache_dir: None,
+            instances: DEFAULT_INSTANCES,
         }
     }
 }
@@ -195,7 +198,8 @@ impl Sandbox {
     pub fn new(config: SandboxConfig) -> anyhow::Result<Self> {
         let engine = Engine::new(&engine_config(&config)).map_err(|e| {
             anyhow::anyhow!(
-                "cannot reserve the plugin instance pool ({MAX_INSTANCES} instances of up to {} MiB): {}",
+                "cannot reserve the plugin instance pool ({} instances of up to {} MiB): {}",
+                config.instances,
                 config.memory_limit >> 20,
                 one_line(&e)
             )
@@ -210,12 +214,13 @@ impl Sandbox {
             .enable_time()
             .build()?;
         let ticker = EpochTicker::start(engine.clone());
+        let slots = Arc::new(tokio::sync::Semaphore::new(config.instances.max(1) as usize));
         Ok(Sandbox {
             engine,
             linker: Arc::new(linker),
             config: Arc::new(config),
             runtime: Arc::new(CallRuntime(Some(runtime))),
-            slots: Arc::new(tokio::sync::Semaphore::new(MAX_INSTANCES as usize)),
+            slots,
             metrics: SandboxMetrics::default(),
             _ticker: Arc::new(ticker),
         })
@@ -316,9 +321,9 @@ fn engine_config(config: &SandboxConfig) -> wasmtime::Config {
     c.wasm_component_model(true);
     c.epoch_interruption(true);
     let mut pool = wasmtime::PoolingAllocationConfig::default();
-    // Bounded pool: up to MAX_INSTANCES concurrent instances, each memory capped at the
+    // Bounded pool: up to `instances` concurrent instances, each memory capped at the
     // sandbox's limit, so address-space reservations stay modest.
-    let n = MAX_INSTANCES;
+    let n = config.instances.max(1);
     pool.total_component_instances(n)
         .total_core_instances(n * 4)
         .total_memories(n * 2)

@@ -69,6 +69,12 @@ impl Plugin for Widget {
                 desired.child(&json!({"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": format!("{}-elsewhere", ctx.name()), "namespace": "kube-system"}}))?;
             }
+            "foreign-owner" => {
+                desired.child(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("{}-owned", ctx.name()), "ownerReferences": [{
+                        "apiVersion": "v1", "kind": "Secret", "name": "someone-else",
+                        "uid": "7e1f0c2a-5b8d-4f3e-9a6c-0d4b2e8f1a93", "controller": true}]}}))?;
+            }
             "bad-status" => {
                 desired.status(&json!(["not", "an", "object"]))?;
                 return Ok(desired);
