@@ -1,0 +1,158 @@
+//! `cargo xtask bench`: the benchmarks of docs/performance.md. Builds release binaries,
+//! measures the sandbox (`host/examples/sandbox_bench.rs`), starts a local control plane
+//! of its own, runs the cluster benchmarks (`tests/bench`, driver `capstan-bench`) on
+//! it and stops it again, also on failure or Ctrl-C. Results: tables on stdout, JSON in
+//! `target/bench/`.
+//!
+//! `--quick` runs every scenario at small sizes with the debug binaries, in seconds;
+//! `cargo xtask test` runs it against its own cluster ([`quick`]), checking only that
+//! each scenario converges.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{BuiltPlugins, build_host, build_plugins, cargo, cluster, run_cmd, target_dir};
+
+const USAGE: &str = "usage: cargo xtask bench [--quick] [-- DRIVER-ARGS…]
+
+  --quick   small sizes, debug binaries, one trial: every scenario in seconds
+  DRIVER-ARGS are passed to capstan-bench, e.g. `-- --only uuid,widget`
+";
+
+/// Entry point of `cargo xtask bench`.
+pub fn main(args: &[String]) -> Result<()> {
+    let (ours, driver_args) = match args.iter().position(|a| a == "--") {
+        Some(i) => (&args[..i], &args[i + 1..]),
+        None => (args, &[][..]),
+    };
+    let quick = match ours {
+        [] => false,
+        [flag] if flag == "--quick" => true,
+        _ => bail!("{USAGE}"),
+    };
+    // Ctrl-C reaches the driver and capstan (same process group); the xtask stays to
+    // stop the cluster.
+    ctrlc::set_handler(|| eprintln!("bench: interrupted; stopping"))
+        .context("install Ctrl-C handler")?;
+    let built = build_plugins()?;
+    let bins = if quick {
+        Binaries::debug()?
+    } else {
+        Binaries::release()?
+    };
+    let out = out_dir(quick);
+    run_cmd(&mut bins.sandbox(&built, &out, quick))?;
+    let state_dir = target_dir().join("bench-cluster");
+    let cluster = cluster::up(&cluster::UpOptions::default().state_dir(&state_dir))?;
+    let result = run_cmd(bins.driver(&cluster, &built, &out, quick).args(driver_args));
+    let stopped = cluster::down(&cluster.state_dir);
+    result?;
+    stopped?;
+    println!("bench: results in {}", out.display());
+    Ok(())
+}
+
+/// The quick benchmark, once, against `cluster` (for `cargo xtask test`, after its
+/// tests): the debug binaries it built, every scenario at small sizes.
+pub fn quick(cluster: &cluster::Cluster, built: &BuiltPlugins) -> Result<()> {
+    let bins = Binaries::debug()?;
+    let out = out_dir(true);
+    run_cmd(&mut bins.sandbox(built, &out, true))?;
+    run_cmd(&mut bins.driver(cluster, built, &out, true))
+}
+
+fn out_dir(quick: bool) -> PathBuf {
+    match quick {
+        true => target_dir().join("bench/quick"),
+        false => target_dir().join("bench"),
+    }
+}
+
+/// The binaries a benchmark runs.
+struct Binaries {
+    capstan: PathBuf,
+    driver: PathBuf,
+    native: PathBuf,
+    sandbox_bench: PathBuf,
+}
+
+impl Binaries {
+    fn in_dir(dir: &Path) -> Self {
+        Binaries {
+            capstan: dir.join("capstan"),
+            driver: dir.join("capstan-bench"),
+            native: dir.join("native-uuid"),
+            sandbox_bench: dir.join("examples/sandbox_bench"),
+        }
+    }
+
+    /// The release build: what the figures are about.
+    fn release() -> Result<Self> {
+        run_cmd(cargo().args([
+            "build",
+            "--release",
+            "--package",
+            "capstan",
+            "--package",
+            "capstan-bench",
+            "--bins",
+            "--example",
+            "sandbox_bench",
+        ]))?;
+        Ok(Self::in_dir(&target_dir().join("release")))
+    }
+
+    /// The debug build `cargo xtask test` makes anyway (`cargo test --no-run` builds
+    /// binaries and examples too); built here if missing.
+    fn debug() -> Result<Self> {
+        let bins = Self::in_dir(&target_dir().join("debug"));
+        if ![
+            &bins.capstan,
+            &bins.driver,
+            &bins.native,
+            &bins.sandbox_bench,
+        ]
+        .iter()
+        .all(|p| p.exists())
+        {
+            build_host()?;
+        }
+        Ok(bins)
+    }
+
+    fn sandbox(&self, built: &BuiltPlugins, out: &Path, quick: bool) -> Command {
+        let mut cmd = Command::new(&self.sandbox_bench);
+        cmd.arg(&built.plugins)
+            .args(["--calls", if quick { "50" } else { "2000" }])
+            .arg("--json")
+            .arg(out.join("sandbox.json"));
+        cmd
+    }
+
+    fn driver(
+        &self,
+        cluster: &cluster::Cluster,
+        built: &BuiltPlugins,
+        out: &Path,
+        quick: bool,
+    ) -> Command {
+        let mut cmd = Command::new(&self.driver);
+        cmd.arg("--capstan")
+            .arg(&self.capstan)
+            .arg("--native")
+            .arg(&self.native)
+            .arg("--plugins")
+            .arg(&built.plugins)
+            .arg("--test-plugins")
+            .arg(&built.test_plugins)
+            .arg("--out")
+            .arg(out)
+            .env("KUBECONFIG", &cluster.kubeconfig);
+        if quick {
+            cmd.arg("--quick");
+        }
+        cmd
+    }
+}
