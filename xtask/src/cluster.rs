@@ -34,6 +34,9 @@ commands:
   up       build or reuse the binaries, start a cluster, print `export KUBECONFIG=…`
   down     stop the cluster's processes and remove its state directory
   status   say what runs
+  restart COMPONENT
+           stop one component (SIGTERM, then SIGKILL) and start it again with the
+           command line it had; returns once it works again (kube-apiserver: /readyz)
   build    build the binaries into the cache (if missing) and print the bin directory
   pin      regenerate tests/control-plane's Go modules from the pinned versions
 
@@ -162,6 +165,7 @@ pub fn up(opts: &UpOptions) -> Result<Cluster> {
 fn start(bin: &Path, state: &StateDir, opts: &UpOptions) -> Result<()> {
     let ports = Ports::pick()?;
     state.write_ports(&ports)?;
+    fs::write(state.audit_policy(), components::AUDIT_POLICY).context("write the audit policy")?;
     run_once("capstan-pki", components::pki(bin, state, &ports))?;
     fs::copy(state.component_kubeconfig("admin"), state.kubeconfig())
         .context("copy the admin kubeconfig")?;
@@ -213,6 +217,7 @@ struct Startup<'a> {
 
 impl Startup<'_> {
     fn spawn(&mut self, component: &str, command: Command) -> Result<()> {
+        self.state.record_command(component, &command)?;
         let process = process::spawn_detached(component, command, &self.state.log(component))?;
         self.state.record(&process)?;
         self.processes.push(process);
@@ -292,6 +297,83 @@ pub fn down(state_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Stops `component` of the cluster in `state_dir` (SIGTERM, SIGKILL after a grace
+/// period; nothing if it is not running) and starts it again with its recorded command
+/// line, appending to the same log. Returns once it works again: etcd `/health`,
+/// kube-apiserver `/readyz`, the others listening on their port. Every other component
+/// is left alone; clients see the restart as a real one (connections dropped, watches
+/// ended).
+pub fn restart(state_dir: &Path, component: &str, timeout: Duration) -> Result<()> {
+    let state = StateDir::new(state_dir);
+    if !state.exists() {
+        bail!("no cluster in {}", state_dir.display());
+    }
+    let Some(old) = state
+        .processes()?
+        .into_iter()
+        .find(|p| p.component == component)
+    else {
+        bail!(
+            "the cluster in {} has no component `{component}`",
+            state_dir.display()
+        );
+    };
+    let command = state.command(component)?;
+    let kubectl = Kubectl::new(
+        Path::new(command.get_program())
+            .parent()
+            .context("the component's program has no directory")?,
+        &state.kubeconfig(),
+    );
+    let port = |name: &str| {
+        state
+            .ports()
+            .into_iter()
+            .find_map(|(n, port)| (n == name).then_some(port))
+            .with_context(|| format!("no port recorded for {name}"))
+    };
+    let ready: Box<dyn Fn() -> bool> = match component {
+        "etcd" => {
+            let port = port("etcd-client")?;
+            Box::new(move || bootstrap::etcd_healthy(port))
+        }
+        "kube-apiserver" => Box::new(|| kubectl.apiserver_ready()),
+        other => {
+            let port = port(other)?;
+            Box::new(move || bootstrap::listening(port))
+        }
+    };
+    let started = Instant::now();
+    old.stop(STOP_GRACE)?;
+    let stopped = started.elapsed();
+    let process = process::spawn_detached(component, command, &state.log(component))?;
+    state.replace(&process)?;
+    loop {
+        if ready() {
+            break;
+        }
+        if !process.is_running() {
+            return Err(component_error(
+                &state,
+                component,
+                "exited after its restart",
+            ));
+        }
+        if started.elapsed() > timeout {
+            let reason = format!("did not work again within {timeout:.0?} of its restart");
+            return Err(component_error(&state, component, &reason));
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "cluster: {component} restarted (pid {} → {}): stopped in {stopped:.1?}, working again after {:.1?}",
+        old.pid,
+        process.pid,
+        started.elapsed()
+    );
+    Ok(())
+}
+
 /// Best effort after a failed start: stop what was started, keep the logs.
 fn stop_all(state: &StateDir) {
     for process in state.processes().unwrap_or_default().iter().rev() {
@@ -345,7 +427,7 @@ pub fn status(state_dir: &Path) -> Result<()> {
 
 /// Entry point for `cargo xtask cluster …`.
 pub fn main(args: &[String]) -> Result<()> {
-    let (command, opts) = parse(args)?;
+    let (command, operand, opts) = parse(args)?;
     match command.as_str() {
         "up" => {
             let cluster = up(&opts)?;
@@ -362,6 +444,12 @@ pub fn main(args: &[String]) -> Result<()> {
         }
         "down" => down(&opts.state_dir),
         "status" => status(&opts.state_dir),
+        "restart" => {
+            let component = operand
+                .as_deref()
+                .context("restart needs a component, e.g. `cluster restart kube-apiserver`")?;
+            restart(&opts.state_dir, component, opts.step_timeout)
+        }
         "build" => {
             println!("{}", ensure_binaries()?.display());
             Ok(())
@@ -375,9 +463,11 @@ pub fn main(args: &[String]) -> Result<()> {
     }
 }
 
-fn parse(args: &[String]) -> Result<(String, UpOptions)> {
+/// The command, its operand (`restart`'s component), and the options.
+fn parse(args: &[String]) -> Result<(String, Option<String>, UpOptions)> {
     let mut opts = UpOptions::default();
     let mut command = None;
+    let mut operand = None;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| {
@@ -401,10 +491,13 @@ fn parse(args: &[String]) -> Result<(String, UpOptions)> {
                 bail!("unknown option `{flag}`\n\n{USAGE}")
             }
             _ if command.is_none() => command = Some(arg.clone()),
+            _ if command.as_deref() == Some("restart") && operand.is_none() => {
+                operand = Some(arg.clone());
+            }
             _ => bail!("unexpected argument `{arg}`\n\n{USAGE}"),
         }
     }
-    Ok((command.unwrap_or_else(|| "--help".into()), opts))
+    Ok((command.unwrap_or_else(|| "--help".into()), operand, opts))
 }
 
 fn state_dir_flag(dir: &Path) -> String {

@@ -3,6 +3,7 @@
 //! Only the standard library, `anyhow` and `ctrlc`: the xtask must compile in seconds on
 //! a fresh machine, before anything else is built.
 
+mod bench;
 mod cluster;
 mod demo;
 mod tools;
@@ -19,7 +20,9 @@ commands:
                            shipped plugins and show them at work (--once: exit after showing)
   test                     every test: unit, render, control plane, end to end
   plugins                  build the plugins (wasm32-wasip2) into target/plugins/
-  bench                    measure the sandbox: compile, cached load, one reconcile
+  bench [--quick]          benchmarks on a local cluster: Capstan against a native
+                           controller, scaling, memory, hot reload, restart, the sandbox
+                           (docs/performance.md; results in target/bench/)
   cluster up|down|status   a real local Kubernetes control plane (built from Go modules)
 ";
 
@@ -32,6 +35,8 @@ const PLUGINS: &[(&str, &str)] = &[
 const TEST_PLUGINS: &[(&str, &str)] = &[
     ("capstan-test-widget", "widget.wasm"),
     ("capstan-test-guard", "guard.wasm"),
+    ("capstan-test-stall", "stall.wasm"),
+    ("capstan-test-fickle", "fickle.wasm"),
 ];
 
 fn main() {
@@ -48,21 +53,7 @@ fn run(args: &[String]) -> Result<()> {
         Some("plugins") => build_plugins().map(|_| ()),
         Some("test") => test(&args[1..]),
         Some("demo") => demo::main(&args[1..]),
-        Some("bench") => {
-            let built = build_plugins()?;
-            run_cmd(
-                cargo()
-                    .args([
-                        "run",
-                        "--package",
-                        "capstan",
-                        "--example",
-                        "sandbox_bench",
-                        "--",
-                    ])
-                    .arg(&built.plugins),
-            )
-        }
+        Some("bench") => bench::main(&args[1..]),
         Some("-h" | "--help") | None => {
             print!("{USAGE}");
             Ok(())
@@ -165,9 +156,15 @@ fn test(args: &[String]) -> Result<()> {
             .env("CAPSTAN_TEST_PLUGIN_DIR", &built.test_plugins)
             .env("CAPSTAN_COMPONENT_PLUGIN", &component_plugin)
             .env("CAPSTAN_BIN", target_dir().join("debug/capstan"))
-            .env("CAPSTAN_KUBECTL", cluster.bin_dir.join("kubectl")),
+            .env("CAPSTAN_KUBECTL", cluster.bin_dir.join("kubectl"))
+            // What the fault tests need to restart components and read the audit log.
+            .env("CAPSTAN_CLUSTER_DIR", &cluster.state_dir)
+            .env("CAPSTAN_XTASK", std::env::current_exe()?),
     );
+    // Every benchmark path at small sizes: that each converges is checked, times are not.
+    let benched = bench::quick(&cluster, &built);
     let stopped = cluster::down(&cluster.state_dir);
     result?;
+    benched?;
     stopped
 }

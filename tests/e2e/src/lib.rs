@@ -5,6 +5,7 @@
 //! The tests need a real cluster: `cargo xtask test` starts one and sets `KUBECONFIG`.
 //! Without it they fail with a message saying so; they never skip.
 
+pub mod control_plane;
 pub mod objects;
 pub mod operator;
 

@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -74,19 +74,40 @@ pub struct Operator {
     log: PathBuf,
     /// `--kubeconfig` to pass; none: `KUBECONFIG` (the admin) and `--install-crds`.
     kubeconfig: Option<PathBuf>,
+    /// `POD_NAME`, the replica's identity; none: capstan's default (host and PID).
+    identity: Option<String>,
 }
 
 impl Operator {
     /// Starts `capstan run` on a fresh plugin directory holding `plugins` (copied in
     /// under their file names), watching only `namespace`.
     pub async fn start(namespace: &str, plugins: &[&Path], extra: &[&str]) -> Operator {
-        Self::start_with(namespace, plugins, extra, None).await
+        Self::start_with(namespace, plugins, extra, None, None).await
+    }
+
+    /// Like [`Operator::start`], as the replica `identity` (its `POD_NAME`): that names
+    /// it in the leader Lease and in its user agent, `capstan/<version> (<identity>)`,
+    /// hence in the API server's audit log. It logs to a file of its own.
+    pub async fn start_replica(
+        identity: &str,
+        namespace: &str,
+        plugins: &[&Path],
+        extra: &[&str],
+    ) -> Operator {
+        Self::start_with(namespace, plugins, extra, None, Some(identity.into())).await
     }
 
     /// Like [`Operator::start`], but as the identity of `kubeconfig`, and without
     /// `--install-crds` (the CRDs must be installed already).
     pub async fn start_as(kubeconfig: &Path, namespace: &str, plugins: &[&Path]) -> Operator {
-        Self::start_with(namespace, plugins, &[], Some(kubeconfig.to_path_buf())).await
+        Self::start_with(
+            namespace,
+            plugins,
+            &[],
+            Some(kubeconfig.to_path_buf()),
+            None,
+        )
+        .await
     }
 
     async fn start_with(
@@ -94,12 +115,17 @@ impl Operator {
         plugins: &[&Path],
         extra: &[&str],
         kubeconfig: Option<PathBuf>,
+        identity: Option<String>,
     ) -> Operator {
         let dir = tempfile::tempdir().unwrap();
         for p in plugins {
             std::fs::copy(p, dir.path().join(p.file_name().unwrap())).unwrap();
         }
-        let log = std::env::temp_dir().join(format!("capstan-e2e-{namespace}.log"));
+        let log = match &identity {
+            Some(id) => format!("capstan-e2e-{namespace}-{id}.log"),
+            None => format!("capstan-e2e-{namespace}.log"),
+        };
+        let log = std::env::temp_dir().join(log);
         let mut op = Operator {
             child: None,
             plugins: dir,
@@ -108,6 +134,7 @@ impl Operator {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             log,
             kubeconfig,
+            identity,
         };
         op.spawn().await;
         op
@@ -134,6 +161,9 @@ impl Operator {
             Some(path) => cmd.env_remove("KUBECONFIG").arg("--kubeconfig").arg(path),
             None => cmd.arg("--install-crds"),
         };
+        if let Some(identity) = &self.identity {
+            cmd.env("POD_NAME", identity);
+        }
         let child = cmd
             .args(["--poll-interval-ms", "200", "--namespace", &self.namespace])
             .arg("--plugins")
@@ -177,6 +207,49 @@ impl Operator {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// The process id, while the process is ours (not yet killed and reaped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGSTOP: the process freezes, as on a node stall; its connections stay open and
+    /// its clocks run on.
+    pub fn pause(&mut self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT after [`Operator::pause`].
+    pub fn resume(&mut self) {
+        self.signal("CONT");
+    }
+
+    /// Signals the child by PID, which is safe only while it is not reaped: an exited
+    /// child is reaped here first, and then not signalled.
+    fn signal(&mut self, signal: &str) {
+        if self.exit_status().is_some() {
+            return;
+        }
+        if let Some(pid) = self.pid() {
+            let status = Command::new("kill")
+                .args(["-s", signal, &pid.to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill -s {signal} {pid} failed");
+        }
+    }
+
+    /// The exit status, once the process has ended by itself; `None` while it runs.
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The identity it was started with ([`Operator::start_replica`]).
+    pub fn identity(&self) -> Option<&str> {
+        self.identity.as_deref()
     }
 
     /// `GET /metrics`.

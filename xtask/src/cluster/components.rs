@@ -15,6 +15,19 @@ pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 /// Pod IPs that kwok hands out.
 const POD_CIDR: &str = "10.244.0.0/16";
 
+/// The API server's audit policy: every write request (who, which user agent, what,
+/// when, the response code) at `Metadata` level, nothing else, so that a test can tell
+/// which process wrote what without the log growing with every read and watch.
+pub const AUDIT_POLICY: &str = "\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+";
+
 /// A single-member etcd with plain HTTP on loopback and no fsync: a test cluster loses
 /// nothing worth keeping on a crash, and fsync dominates apiserver latency on small disks.
 pub fn etcd(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
@@ -37,7 +50,8 @@ pub fn etcd(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
 }
 
 /// kube-apiserver with client-certificate authentication, service-account tokens signed
-/// by this cluster's key, and real authorization (Node, RBAC).
+/// by this cluster's key, real authorization (Node, RBAC), and an audit log of every
+/// write ([`AUDIT_POLICY`]; the policy file is written by `up`).
 pub fn apiserver(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
     let pki = |file: &str| state.pki().join(file).display().to_string();
     let mut cmd = Command::new(bin.join("kube-apiserver"));
@@ -72,6 +86,14 @@ pub fn apiserver(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
         // validation rejects (loopback); and no pod here could dial it anyway.
         "--endpoint-reconciler-type=none".to_owned(),
         "--profiling=false".to_owned(),
+        format!("--audit-policy-file={}", state.audit_policy().display()),
+        format!("--audit-log-path={}", state.audit_log().display()),
+        "--audit-log-format=json".to_owned(),
+        // Written before the response is sent: once a client has its answer, the event
+        // of its request is in the file.
+        "--audit-log-mode=blocking".to_owned(),
+        "--audit-log-maxsize=256".to_owned(),
+        "--audit-log-maxbackup=1".to_owned(),
     ]);
     cmd
 }

@@ -2,11 +2,13 @@
 //! free loopback ports for a new cluster.
 
 use std::{
+    ffi::OsString,
     fmt::Write as _,
     fs,
     io::Write as _,
     net::TcpListener,
     path::{Path, PathBuf},
+    process::Command,
 };
 
 use anyhow::{Context, Result, bail};
@@ -54,7 +56,7 @@ impl StateDir {
             );
         }
         // Not etcd's data directory: etcd makes it itself, private (0700).
-        for dir in [self.pki(), self.logs(), self.volumes()] {
+        for dir in [self.pki(), self.logs(), self.volumes(), self.commands()] {
             fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         }
         fs::write(self.root.join(MARKER), "").context("write the state marker")
@@ -104,6 +106,50 @@ impl StateDir {
         self.root.join("volumes")
     }
 
+    /// The API server's audit policy (written by `up`).
+    pub fn audit_policy(&self) -> PathBuf {
+        self.root.join("audit-policy.yaml")
+    }
+
+    /// The API server's audit log: one JSON event per line, one per write request.
+    pub fn audit_log(&self) -> PathBuf {
+        self.logs().join("kube-apiserver-audit.log")
+    }
+
+    /// `commands/`, the command line of each component, so it can be restarted as it was.
+    fn commands(&self) -> PathBuf {
+        self.root.join("commands")
+    }
+
+    /// Records how `component` was started: its program and arguments, one per line.
+    pub fn record_command(&self, component: &str, command: &Command) -> Result<()> {
+        let mut text = String::new();
+        for arg in std::iter::once(command.get_program()).chain(command.get_args()) {
+            let arg = arg
+                .to_str()
+                .with_context(|| format!("{component}: an argument is not UTF-8: {arg:?}"))?;
+            if arg.contains('\n') {
+                bail!("{component}: an argument holds a line break: {arg:?}");
+            }
+            let _ = writeln!(text, "{arg}");
+        }
+        let path = self.commands().join(component);
+        fs::write(&path, text).with_context(|| format!("write {}", path.display()))
+    }
+
+    /// The command `component` was started with (see [`StateDir::record_command`]).
+    pub fn command(&self, component: &str) -> Result<Command> {
+        let path = self.commands().join(component);
+        let text = fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        let mut argv = text.lines().map(OsString::from);
+        let program = argv
+            .next()
+            .with_context(|| format!("{} is empty", path.display()))?;
+        let mut command = Command::new(program);
+        command.args(argv);
+        Ok(command)
+    }
+
     fn processes_file(&self) -> PathBuf {
         self.root.join("processes")
     }
@@ -121,6 +167,27 @@ impl StateDir {
             .open(self.processes_file())
             .and_then(|mut f| f.write_all(process.to_record().as_bytes()))
             .context("record the process in the state directory")
+    }
+
+    /// Replaces the record of `process.component` with `process` (a restart), atomically:
+    /// `down` must find the new process whatever happens meanwhile.
+    pub fn replace(&self, process: &Process) -> Result<()> {
+        let text: String = self
+            .processes()?
+            .into_iter()
+            .map(|p| {
+                if p.component == process.component {
+                    process.to_record()
+                } else {
+                    p.to_record()
+                }
+            })
+            .collect();
+        let path = self.processes_file();
+        let partial = path.with_extension("partial");
+        fs::write(&partial, text)
+            .and_then(|()| fs::rename(&partial, &path))
+            .with_context(|| format!("rewrite {}", path.display()))
     }
 
     /// The processes started for this cluster, in start order.
