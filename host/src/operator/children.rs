@@ -200,10 +200,7 @@ impl KindCache {
             }
             watcher::Event::Delete(obj) => {
                 let owner = controller_of(&obj);
-                self.index
-                    .write()
-                    .expect("index lock")
-                    .remove(&key_of(&obj));
+                self.index.write().expect("index lock").delete(&obj);
                 if let Some(owner) = owner {
                     let _ = self.changes.send(owner);
                 }
@@ -234,14 +231,9 @@ impl KindCache {
             .collect()
     }
 
-    /// The cached object at `key`.
-    pub fn get(&self, key: &Key) -> Option<Arc<DynamicObject>> {
-        self.index
-            .read()
-            .expect("index lock")
-            .objects
-            .get(key)
-            .cloned()
+    /// What the cache shows at `key`: the object, its deletion, or nothing.
+    pub fn lookup(&self, key: &Key) -> Cached {
+        self.index.read().expect("index lock").lookup(key)
     }
 
     /// Changes of children, with their controller, from now on.
@@ -307,12 +299,50 @@ fn controller_uid(obj: &DynamicObject) -> Option<String> {
 struct Index {
     objects: HashMap<Key, Arc<DynamicObject>>,
     by_controller: HashMap<String, HashSet<Key>>,
+    /// Objects seen deleted (and not seen again), with the deletion's resourceVersion:
+    /// a write that the object's deletion followed is shown by the cache too.
+    deleted: HashMap<Key, Option<String>>,
+}
+
+/// Tombstones kept at most; past that they are dropped, and an expectation on a
+/// deleted object waits for its limit instead.
+const MAX_TOMBSTONES: usize = 10_000;
+
+/// What a cache shows at one key.
+#[derive(Debug, Clone)]
+pub enum Cached {
+    /// The object, as last seen.
+    Present(Arc<DynamicObject>),
+    /// Its deletion, at this resourceVersion.
+    Deleted(Option<String>),
+    /// Nothing known.
+    Absent,
 }
 
 impl Index {
+    fn lookup(&self, key: &Key) -> Cached {
+        match (self.objects.get(key), self.deleted.get(key)) {
+            (Some(obj), _) => Cached::Present(obj.clone()),
+            (None, Some(rv)) => Cached::Deleted(rv.clone()),
+            (None, None) => Cached::Absent,
+        }
+    }
+
+    /// Removes a deleted object and remembers its deletion.
+    fn delete(&mut self, obj: &DynamicObject) {
+        let key = key_of(obj);
+        self.remove(&key);
+        if self.deleted.len() >= MAX_TOMBSTONES {
+            self.deleted.clear();
+        }
+        self.deleted
+            .insert(key, obj.metadata.resource_version.clone());
+    }
+
     fn insert(&mut self, obj: DynamicObject) {
         let key = key_of(&obj);
         self.remove(&key);
+        self.deleted.remove(&key);
         if let Some(uid) = controller_uid(&obj) {
             self.by_controller
                 .entry(uid)
@@ -414,27 +444,37 @@ impl Expectations {
         self.pending.lock().expect("expectations lock").remove(uid);
     }
 
-    /// Whether the caches show everything written for `uid` (`seen` looks an object up
-    /// by kind index and key); waits at most `limit` from the write.
+    /// Whether the caches show everything written for `uid` (`seen` looks a key up by
+    /// kind index); waits at most `limit` from the write. An applied child is shown by
+    /// its written version or a later one, or by a deletion after the write (deleted by
+    /// hand or by someone else: waiting for the written version would wait forever).
     pub fn check(
         &self,
         uid: &str,
-        seen: impl Fn(usize, &Key) -> Option<Arc<DynamicObject>>,
+        seen: impl Fn(usize, &Key) -> Cached,
         limit: Duration,
     ) -> CacheState {
         let mut pending = self.pending.lock().expect("expectations lock");
         let Some((written, since)) = pending.get(uid) else {
             return CacheState::Current;
         };
-        let applied = written.applied.iter().all(|(index, key, rv)| {
-            seen(*index, key).is_some_and(|obj| {
-                at_least(obj.metadata.resource_version.as_deref(), rv.as_deref())
-            })
-        });
+        let applied = written
+            .applied
+            .iter()
+            .all(|(index, key, rv)| match seen(*index, key) {
+                Cached::Present(obj) => {
+                    at_least(obj.metadata.resource_version.as_deref(), rv.as_deref())
+                }
+                Cached::Deleted(at) => at_least(at.as_deref(), rv.as_deref()),
+                Cached::Absent => false,
+            });
         let pruned = written
             .pruned
             .iter()
-            .all(|(index, key, uid)| seen(*index, key).is_none_or(|obj| obj.metadata.uid != *uid));
+            .all(|(index, key, uid)| match seen(*index, key) {
+                Cached::Present(obj) => obj.metadata.uid != *uid,
+                Cached::Deleted(_) | Cached::Absent => true,
+            });
         if applied && pruned {
             pending.remove(uid);
             CacheState::Current
@@ -545,8 +585,13 @@ mod tests {
         let limit = Duration::from_secs(30);
         let mut cache = Index::default();
         let lookup = |index: &Index| {
-            let objects = index.objects.clone();
-            move |_: usize, key: &Key| objects.get(key).cloned()
+            let shown: HashMap<Key, Cached> = index
+                .objects
+                .keys()
+                .chain(index.deleted.keys())
+                .map(|k| (k.clone(), index.lookup(k)))
+                .collect();
+            move |_: usize, key: &Key| shown.get(key).cloned().unwrap_or(Cached::Absent)
         };
         assert_eq!(
             expectations.check("uid-a", lookup(&cache), limit),
@@ -584,7 +629,7 @@ mod tests {
         );
         // Once met, forgotten: the next check does not look again.
         assert_eq!(
-            expectations.check("uid-a", |_, _| None, limit),
+            expectations.check("uid-a", |_, _| Cached::Absent, limit),
             CacheState::Current
         );
         // A cache that never catches up is trusted again after the limit.
@@ -596,13 +641,46 @@ mod tests {
             },
         );
         assert_eq!(
-            expectations.check("uid-b", |_, _| None, Duration::ZERO),
+            expectations.check("uid-b", |_, _| Cached::Absent, Duration::ZERO),
             CacheState::GaveUp
         );
         assert_eq!(
-            expectations.check("uid-b", |_, _| None, limit),
+            expectations.check("uid-b", |_, _| Cached::Absent, limit),
             CacheState::Current
         );
+    }
+
+    #[test]
+    fn a_child_deleted_after_the_write_meets_its_expectation() {
+        let expectations = Expectations::default();
+        let limit = Duration::from_secs(30);
+        let mut cache = Index::default();
+        cache.insert(cm("a-0", Some("uid-a"), "5"));
+        expectations.expect(
+            "uid-a",
+            Written {
+                applied: vec![(0, key("a-0"), Some("7".into()))],
+                pruned: vec![],
+            },
+        );
+        // Deleted (by hand) before the watch showed the write: an older deletion...
+        let mut gone = cm("a-0", Some("uid-a"), "6");
+        cache.delete(&gone);
+        assert_eq!(
+            expectations.check("uid-a", |_, k| cache.lookup(k), limit),
+            CacheState::Behind,
+            "a deletion before the write says nothing about it"
+        );
+        // ...and one after it: the cache is current, the child is re-created at once.
+        gone.metadata.resource_version = Some("8".into());
+        cache.delete(&gone);
+        assert_eq!(
+            expectations.check("uid-a", |_, k| cache.lookup(k), limit),
+            CacheState::Current
+        );
+        // Seen again: no tombstone.
+        cache.insert(cm("a-0", Some("uid-a"), "9"));
+        assert!(matches!(cache.lookup(&key("a-0")), Cached::Present(_)));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use serde_json::Value;
 use tracing::{debug, info, instrument, warn};
 
-use super::children::{CacheState, Expectations, Key, KindCache, Written};
+use super::children::{CacheState, Cached, Expectations, Key, KindCache, Written};
 use super::cluster::{
     self, ChildKinds, ChildOutcome, ClusterWrites, ErrorClass, OwnershipConflict,
 };
@@ -362,7 +362,11 @@ async fn reconcile_parent(
     }
 
     ctx.caches_synced().await?;
-    let seen = |index: usize, key: &Key| ctx.caches.get(index).and_then(|c| c.get(key));
+    let seen = |index: usize, key: &Key| {
+        ctx.caches
+            .get(index)
+            .map_or(Cached::Absent, |c| c.lookup(key))
+    };
     match ctx.expectations.check(uid, seen, EXPECTATION_LIMIT) {
         CacheState::Current => {}
         CacheState::Behind => return Ok(Reconciled::CacheBehind),

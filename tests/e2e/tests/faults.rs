@@ -195,6 +195,18 @@ impl Report {
         .collect();
         assert!(failures.is_empty(), "{}", failures.join("\n"));
         assert_eq!(self.duplicate_children, 0, "duplicate children");
+        // A restore must come from the watch, not from the host giving up on a cache
+        // that never shows its write (the expectation limit is 30 s).
+        for (what, times) in [
+            ("edited", &self.edit_restore),
+            ("deleted", &self.delete_restore),
+        ] {
+            let slowest = times.iter().max().copied().unwrap_or_default();
+            assert!(
+                slowest < Duration::from_secs(25),
+                "a hand-{what} child took {slowest:?} to be restored"
+            );
+        }
         assert!(
             self.leader_writes_before_pause > 0 && self.new_leader_writes > 0,
             "the leader check proves nothing: the paused leader wrote {} times before its pause, the new leader {} times after the takeover",
