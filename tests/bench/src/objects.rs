@@ -22,26 +22,12 @@ use crate::{Error, Result};
 /// creation itself times out.
 const CREATE_CONCURRENCY: usize = 32;
 
-/// The Uuid kind (demo.operator/v1).
-pub fn uuid_kind() -> ApiResource {
-    ApiResource {
-        group: "demo.operator".into(),
-        version: "v1".into(),
-        api_version: "demo.operator/v1".into(),
-        kind: "Uuid".into(),
-        plural: "uuid".into(),
-    }
-}
+/// The Uuid kind (demo.operator/v1), as the end-to-end tests name it.
+pub use capstan_e2e::objects::uuid_kind;
 
 /// The Widget test kind (test.capstan.dev/v1).
 pub fn widget_kind() -> ApiResource {
-    ApiResource {
-        group: "test.capstan.dev".into(),
-        version: "v1".into(),
-        api_version: "test.capstan.dev/v1".into(),
-        kind: "Widget".into(),
-        plural: "widgets".into(),
-    }
+    capstan_e2e::objects::test_kind("Widget", "widgets")
 }
 
 /// Installs the CRD of each plugin (as `capstan crd` prints it) with the host's own

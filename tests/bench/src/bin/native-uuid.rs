@@ -51,23 +51,13 @@ struct Context {
     resync: Duration,
 }
 
-fn uuid_resource() -> ApiResource {
-    ApiResource {
-        group: "demo.operator".into(),
-        version: "v1".into(),
-        api_version: "demo.operator/v1".into(),
-        kind: "Uuid".into(),
-        plural: "uuid".into(),
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let client = Client::try_default()
         .await
         .context("a client from KUBECONFIG")?;
-    let resource = uuid_resource();
+    let resource = capstan_bench::objects::uuid_kind();
     let api = Api::<DynamicObject>::namespaced_with(client.clone(), &args.namespace, &resource);
     let writer = Writer::new(resource.clone());
     let reader = writer.as_reader();
