@@ -463,9 +463,9 @@ impl Expectations {
             .iter()
             .all(|(index, key, rv)| match seen(*index, key) {
                 Cached::Present(obj) => {
-                    at_least(obj.metadata.resource_version.as_deref(), rv.as_deref())
+                    is_at_least(obj.metadata.resource_version.as_deref(), rv.as_deref())
                 }
-                Cached::Deleted(at) => at_least(at.as_deref(), rv.as_deref()),
+                Cached::Deleted(at) => is_at_least(at.as_deref(), rv.as_deref()),
                 Cached::Absent => false,
             });
         let pruned = written
@@ -490,7 +490,7 @@ impl Expectations {
 /// Whether the cached resourceVersion `have` is the written one `want` or a later one.
 /// resourceVersions are opaque to clients, but the API server's are etcd revisions:
 /// compared as numbers when both are, else only equality counts.
-fn at_least(have: Option<&str>, want: Option<&str>) -> bool {
+pub fn is_at_least(have: Option<&str>, want: Option<&str>) -> bool {
     match (have, want) {
         (_, None) => true,
         (None, Some(_)) => false,
@@ -685,12 +685,12 @@ mod tests {
 
     #[test]
     fn resource_versions_compare_as_revisions() {
-        assert!(at_least(Some("12"), Some("9")));
-        assert!(at_least(Some("9"), Some("9")));
-        assert!(!at_least(Some("8"), Some("9")));
-        assert!(!at_least(None, Some("9")));
-        assert!(at_least(Some("x"), Some("x")));
-        assert!(!at_least(Some("y"), Some("x")));
-        assert!(at_least(None, None));
+        assert!(is_at_least(Some("12"), Some("9")));
+        assert!(is_at_least(Some("9"), Some("9")));
+        assert!(!is_at_least(Some("8"), Some("9")));
+        assert!(!is_at_least(None, Some("9")));
+        assert!(is_at_least(Some("x"), Some("x")));
+        assert!(!is_at_least(Some("y"), Some("x")));
+        assert!(is_at_least(None, None));
     }
 }

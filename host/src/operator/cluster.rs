@@ -399,7 +399,13 @@ impl ClusterWrites {
     /// from: if the parent changed since (a newer status, a new spec), the API server
     /// answers 409 and nothing is written, so a status computed from a stale cache can
     /// never overwrite a newer one.
-    pub async fn write_status(&self, parent: &DynamicObject, status: &Value) -> Result<()> {
+    ///
+    /// Returns the parent as written.
+    pub async fn write_status(
+        &self,
+        parent: &DynamicObject,
+        status: &Value,
+    ) -> Result<DynamicObject> {
         let written = self.apply_status(parent, status, &self.manager).await?;
         if has_manager(&written, LEGACY_FIELD_MANAGER) {
             let empty = json!({
@@ -407,30 +413,34 @@ impl ClusterWrites {
                 "kind": self.parent.kind,
                 "metadata": {"name": parent.name_any()},
             });
-            self.write(
-                || "write status (releasing the legacy field manager)".into(),
-                self.parent_api(parent).patch_status(
-                    &parent.name_any(),
-                    &PatchParams::apply(LEGACY_FIELD_MANAGER),
-                    &Patch::Apply(&empty),
-                ),
-            )
-            .await?;
+            return self
+                .write(
+                    || "write status (releasing the legacy field manager)".into(),
+                    self.parent_api(parent).patch_status(
+                        &parent.name_any(),
+                        &PatchParams::apply(LEGACY_FIELD_MANAGER),
+                        &Patch::Apply(&empty),
+                    ),
+                )
+                .await;
         }
-        Ok(())
+        Ok(written)
     }
 
     /// Writes only `status.conditions` (a failure report), with the plugin's report
     /// field manager and the same resourceVersion precondition as [`Self::write_status`]:
     /// the plugin's status fields are neither written nor removed.
-    pub async fn write_conditions(&self, parent: &DynamicObject, conditions: &Value) -> Result<()> {
+    pub async fn write_conditions(
+        &self,
+        parent: &DynamicObject,
+        conditions: &Value,
+    ) -> Result<DynamicObject> {
         self.apply_status(
             parent,
             &json!({ "conditions": conditions }),
             &self.report_manager,
         )
         .await
-        .map(drop)
     }
 
     async fn apply_status(
@@ -461,14 +471,23 @@ impl ClusterWrites {
 
     /// Adds `finalizer` to the parent. The merge patch carries the resourceVersion read,
     /// so a concurrent change makes it fail (and retry) instead of being overwritten.
-    pub async fn add_finalizer(&self, parent: &DynamicObject, finalizer: &str) -> Result<()> {
+    /// Returns the parent as written, none if it is gone.
+    pub async fn add_finalizer(
+        &self,
+        parent: &DynamicObject,
+        finalizer: &str,
+    ) -> Result<Option<DynamicObject>> {
         let mut next = parent.metadata.finalizers.clone().unwrap_or_default();
         next.push(finalizer.to_string());
         self.replace_finalizers(parent, next).await
     }
 
     /// Removes `finalizer` from the parent, the same way.
-    pub async fn remove_finalizer(&self, parent: &DynamicObject, finalizer: &str) -> Result<()> {
+    pub async fn remove_finalizer(
+        &self,
+        parent: &DynamicObject,
+        finalizer: &str,
+    ) -> Result<Option<DynamicObject>> {
         let next: Vec<String> = parent
             .finalizers()
             .iter()
@@ -478,7 +497,11 @@ impl ClusterWrites {
         self.replace_finalizers(parent, next).await
     }
 
-    async fn replace_finalizers(&self, parent: &DynamicObject, next: Vec<String>) -> Result<()> {
+    async fn replace_finalizers(
+        &self,
+        parent: &DynamicObject,
+        next: Vec<String>,
+    ) -> Result<Option<DynamicObject>> {
         let patch = json!({"metadata": {"finalizers": next, "resourceVersion": parent.metadata.resource_version}});
         match self
             .write(
@@ -491,8 +514,8 @@ impl ClusterWrites {
             )
             .await
         {
-            Ok(_) => Ok(()),
-            Err(e) if is_status(&e, 404) => Ok(()),
+            Ok(written) => Ok(Some(written)),
+            Err(e) if is_status(&e, 404) => Ok(None),
             Err(e) => Err(e),
         }
     }

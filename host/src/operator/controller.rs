@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::children::{ChildCaches, ControllerRef, KindCache};
 use super::cluster::{ChildKinds, ClusterWrites, api_resource};
+use super::freshness::OwnWrites;
 use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::reconcile::{self, Context};
@@ -64,12 +65,22 @@ impl RunningController {
         let reader = writer.as_reader();
         let kind_name = info.parent.to_string();
         let watch_metrics = metrics.clone();
+        // The host's own parent writes, until this watch delivers them.
+        let own_writes = Arc::new(OwnWrites::default());
+        let delivered = own_writes.clone();
         let parents = reflector::reflector(
             writer,
             watcher(api, watcher::Config::default())
                 .default_backoff()
                 // A plugin never sees managedFields; the cache need not keep them.
                 .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
+                .inspect_ok(move |event| match event {
+                    watcher::Event::Apply(o) | watcher::Event::InitApply(o) => delivered.seen(o),
+                    watcher::Event::Delete(o) => {
+                        delivered.forget(o.metadata.uid.as_deref().unwrap_or_default())
+                    }
+                    watcher::Event::Init | watcher::Event::InitDone => {}
+                })
                 .inspect_err(move |e| {
                     tracing::warn!(kind = %kind_name, "watch of {kind_name} failed: {e}");
                     watch_metrics.watch_failed(&kind_name, None);
@@ -94,6 +105,7 @@ impl RunningController {
             ClusterWrites::new(client.clone(), &info.parent, &info.name, opts.fence.clone()),
             children,
             kind_caches,
+            own_writes,
             metrics,
             opts.default_resync,
         ));

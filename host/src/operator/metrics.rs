@@ -92,6 +92,7 @@ pub struct Metrics {
     registry: Registry,
     reconciles: Family<PluginResult, Counter>,
     status_writes: Family<PluginLabel, Counter>,
+    child_writes: Family<PluginResult, Counter>,
     reconcile_duration: Family<PluginLabel, Histogram>,
     load_failures: Counter,
     watch_errors: Family<WatchError, Counter>,
@@ -130,6 +131,13 @@ impl Default for Metrics {
             "Status writes by plugin (skipped when the status did not change)",
             status_writes.clone(),
         );
+        let child_writes = Family::<PluginResult, Counter>::default();
+        registry.register(
+            "capstan_child_writes",
+            "Desired children by plugin and what was done: applied, unchanged (the cached \
+             child is the host's last apply of the same manifest, so no request), pruned",
+            child_writes.clone(),
+        );
         let reconcile_duration =
             Family::<PluginLabel, Histogram>::new_with_constructor(reconcile_buckets);
         registry.register(
@@ -165,6 +173,7 @@ impl Default for Metrics {
             registry,
             reconciles,
             status_writes,
+            child_writes,
             reconcile_duration,
             load_failures,
             watch_errors,
@@ -199,6 +208,17 @@ impl Metrics {
         self.status_writes
             .get_or_create(&PluginLabel {
                 plugin: plugin.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one desired or pruned child, by what was done (`applied`, `unchanged`,
+    /// `pruned`).
+    pub fn child_written(&self, plugin: &str, done: &str) {
+        self.child_writes
+            .get_or_create(&PluginResult {
+                plugin: plugin.into(),
+                result: done.into(),
             })
             .inc();
     }
@@ -340,8 +360,13 @@ mod tests {
         m.reconciled("uuid", "ok");
         m.reconciled("uuid", "ok");
         m.status_written("uuid");
+        m.child_written("widget", "unchanged");
         drop(m.reconcile_timer("uuid"));
         let text = m.render();
+        assert!(
+            text.contains("capstan_child_writes_total{plugin=\"widget\",result=\"unchanged\"} 1\n"),
+            "{text}"
+        );
         assert!(
             text.contains("capstan_reconciles_total{plugin=\"uuid\",result=\"ok\"} 2\n"),
             "{text}"

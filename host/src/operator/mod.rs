@@ -6,6 +6,7 @@ mod cluster;
 mod controller;
 #[cfg(test)]
 mod fake_api;
+mod freshness;
 mod http;
 mod leader;
 mod metrics;

@@ -15,6 +15,7 @@ use super::children::{CacheState, Cached, Expectations, Key, KindCache, Written}
 use super::cluster::{
     self, ChildKinds, ChildOutcome, ClusterWrites, ErrorClass, OwnershipConflict,
 };
+use super::freshness::{AppliedChildren, OwnWrites};
 use super::metrics::Metrics;
 use crate::contract::{Observed, ObservedChild, PluginError};
 use crate::plan::{self, Plan};
@@ -36,6 +37,10 @@ pub struct Context {
     caches: Vec<Arc<KindCache>>,
     /// Writes the caches have not shown yet, per parent.
     expectations: Expectations,
+    /// The parents as the host last wrote them, until the parent cache shows it.
+    own_writes: Arc<OwnWrites>,
+    /// What the host last applied to each child, to skip applies that change nothing.
+    applied: AppliedChildren,
     /// Counters and timings.
     pub metrics: Arc<Metrics>,
     /// Resync period when the plugin sets none.
@@ -51,6 +56,7 @@ impl Context {
         cluster: ClusterWrites,
         children: ChildKinds,
         caches: Vec<Arc<KindCache>>,
+        own_writes: Arc<OwnWrites>,
         metrics: Arc<Metrics>,
         default_resync: Duration,
     ) -> Self {
@@ -60,6 +66,8 @@ impl Context {
             children,
             caches,
             expectations: Expectations::default(),
+            own_writes,
+            applied: AppliedChildren::default(),
             metrics,
             default_resync,
             failures: Mutex::new(HashMap::new()),
@@ -243,6 +251,8 @@ pub struct ReportError(String);
 #[instrument(skip_all, fields(plugin = %ctx.plugin.info().name, name = obj.metadata.name.as_deref().unwrap_or_default(), namespace = obj.metadata.namespace.as_deref().unwrap_or_default()))]
 pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, ReportError> {
     let _timer = ctx.metrics.reconcile_timer(&ctx.plugin.info().name);
+    // The cache may not show this host's last write of the parent yet.
+    let obj = ctx.own_writes.freshest(obj);
     let uid = obj.metadata.uid.clone().unwrap_or_default();
     let parent = serde_json::to_value(&*obj).map_err(|e| ReportError(e.to_string()))?;
     match reconcile_parent(&obj, &parent, &ctx).await {
@@ -344,13 +354,16 @@ async fn reconcile_parent(
     if !info.finalizer && has_finalizer {
         // This plugin version no longer asks for a finalizer: nothing would ever remove
         // ours, and a deletion would hang forever.
-        ctx.cluster.remove_finalizer(obj, FINALIZER).await?;
+        if let Some(written) = ctx.cluster.remove_finalizer(obj, FINALIZER).await? {
+            ctx.own_writes.remember(written);
+        }
         info!("the plugin no longer declares a finalizer; {FINALIZER} removed");
         return Ok(Reconciled::Done(Action::await_change()));
     }
     let uid = obj.metadata.uid.as_deref().unwrap_or_default();
     if obj.metadata.deletion_timestamp.is_some() {
         ctx.expectations.forget(uid);
+        ctx.own_writes.forget(uid);
         if info.finalizer && has_finalizer {
             return finalize(obj, parent, ctx).await.map(Reconciled::Done);
         }
@@ -358,9 +371,27 @@ async fn reconcile_parent(
         return Ok(Reconciled::Done(Action::await_change()));
     }
     if info.finalizer && !has_finalizer {
-        ctx.cluster.add_finalizer(obj, FINALIZER).await?;
+        let Some(written) = ctx.cluster.add_finalizer(obj, FINALIZER).await? else {
+            return Ok(Reconciled::Done(Action::await_change()));
+        };
+        // Go on from the parent as written: the status write carries the version it
+        // was computed from, and the one before the finalizer would be refused (409).
+        let written = ctx.own_writes.remember(written);
+        let parent = serde_json::to_value(&*written)
+            .map_err(|e| Failure::Retry(format!("cannot read the parent: {e}")))?;
+        return reconcile_live(&written, &parent, ctx).await;
     }
+    reconcile_live(obj, parent, ctx).await
+}
 
+/// The reconcile of a parent that is not being deleted and has the finalizer it needs.
+async fn reconcile_live(
+    obj: &DynamicObject,
+    parent: &Value,
+    ctx: &Context,
+) -> Result<Reconciled, Failure> {
+    let info = ctx.plugin.info();
+    let uid = obj.metadata.uid.as_deref().unwrap_or_default();
     ctx.caches_synced().await?;
     let seen = |index: usize, key: &Key| {
         ctx.caches
@@ -414,7 +445,8 @@ async fn apply_plan(
         }
     }
     if obj.data.get("status") != Some(&plan.status) {
-        ctx.cluster.write_status(obj, &plan.status).await?;
+        let written = ctx.cluster.write_status(obj, &plan.status).await?;
+        ctx.own_writes.remember(written);
         ctx.metrics.status_written(&ctx.plugin.info().name);
     }
     for event in &plan.events {
@@ -446,14 +478,23 @@ async fn write_children(
             .unwrap_or_default()
             .to_string()
     };
-    let observed_names: HashSet<(usize, String)> = observed
+    // Each observed child's version, by (kind index, name).
+    let observed_versions: HashMap<(usize, String), Option<&str>> = observed
         .children
         .iter()
-        .map(|c| (c.kind_index as usize, name_of(c)))
+        .map(|c| {
+            let rv = c
+                .object
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str);
+            ((c.kind_index as usize, name_of(c)), rv)
+        })
         .collect();
+    let plugin = &ctx.plugin.info().name;
     let mut conflicts = Vec::new();
     for child in &plan.children {
-        let known = observed_names.contains(&(child.kind_index, child.name.clone()));
+        let cached_rv = observed_versions.get(&(child.kind_index, child.name.clone()));
+        let known = cached_rv.is_some();
         let key = (
             child
                 .manifest
@@ -462,17 +503,40 @@ async fn write_children(
                 .map(String::from),
             child.name.clone(),
         );
+        if let Some(&cached_rv) = cached_rv
+            && ctx
+                .applied
+                .unchanged(child.kind_index, &key, &child.manifest, cached_rv)
+        {
+            ctx.metrics.child_written(plugin, "unchanged");
+            continue;
+        }
         match ctx
             .cluster
             .apply_child(&ctx.children, obj, child, known)
             .await?
         {
             ChildOutcome::Applied { resource_version } => {
+                ctx.metrics.child_written(plugin, "applied");
+                let live = |index: usize, key: &Key| {
+                    ctx.caches
+                        .get(index)
+                        .is_some_and(|c| matches!(c.lookup(key), Cached::Present(_)))
+                };
+                ctx.applied.record(
+                    child.kind_index,
+                    key.clone(),
+                    &child.manifest,
+                    resource_version.clone(),
+                    live,
+                );
                 written
                     .applied
                     .push((child.kind_index, key, resource_version));
             }
             ChildOutcome::Adopted => {
+                ctx.metrics.child_written(plugin, "applied");
+                ctx.applied.forget(child.kind_index, &key);
                 written.applied.push((child.kind_index, key, None));
                 info!(kind = %ctx.children.kind(child.kind_index), child = %child.name, "adopted");
                 let event = plan::normal(
@@ -502,6 +566,7 @@ async fn write_children(
         let name = name_of(child);
         if !wanted.contains(&(child.kind_index as usize, name.as_str())) {
             ctx.cluster.prune_child(&ctx.children, child).await?;
+            ctx.metrics.child_written(plugin, "pruned");
             let field = |p: &str| {
                 child
                     .object
@@ -509,6 +574,10 @@ async fn write_children(
                     .and_then(Value::as_str)
                     .map(String::from)
             };
+            ctx.applied.forget(
+                child.kind_index as usize,
+                &(field("/metadata/namespace"), name.clone()),
+            );
             written.pruned.push((
                 child.kind_index as usize,
                 (field("/metadata/namespace"), name.clone()),
@@ -549,7 +618,10 @@ async fn report_failure(obj: &DynamicObject, parent: &Value, ctx: &Context, fail
             plan::failed_conditions(parent, failure.reason(), &failure.to_string(), &plan::now());
         if obj.data.pointer("/status/conditions") != Some(&conditions) {
             match ctx.cluster.write_conditions(obj, &conditions).await {
-                Ok(()) => ctx.metrics.status_written(&ctx.plugin.info().name),
+                Ok(written) => {
+                    ctx.own_writes.remember(written);
+                    ctx.metrics.status_written(&ctx.plugin.info().name);
+                }
                 Err(e) => warn!("cannot write the failure to the status: {e}"),
             }
         }
