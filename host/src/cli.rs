@@ -138,7 +138,8 @@ struct SandboxArgs {
     /// Memory limit of one plugin instance, in MiB.
     #[arg(long, env = "CAPSTAN_PLUGIN_MEMORY_MIB", default_value_t = 64)]
     plugin_memory_mib: usize,
-    /// Directory of the compiled-code cache (none: compile every time).
+    /// Directory of the compiled-code cache (default: ~/.cache/capstan/compiled, or
+    /// none without $HOME: compile every time).
     #[arg(long, env = "CAPSTAN_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
     /// Plugin instances that may exist at once, across all plugins: the pool reserved
@@ -153,7 +154,9 @@ impl SandboxArgs {
         Sandbox::new(SandboxConfig {
             deadline: Duration::from_millis(self.plugin_timeout_ms.max(1)),
             memory_limit: self.plugin_memory_mib.max(1) << 20,
-            cache_dir: self.cache_dir.clone(),
+            cache_dir: self.cache_dir.clone().or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/capstan/compiled"))
+            }),
             instances: self.plugin_instances.unwrap_or(4).max(1),
         })
         .context("cannot set up the plugin sandbox")
@@ -251,10 +254,6 @@ fn wasm_files(dir: &Path) -> Result<Vec<PathBuf>> {
 
 fn run_operator(args: RunArgs) -> Result<()> {
     let mut sandbox = args.sandbox;
-    if sandbox.cache_dir.is_none() {
-        sandbox.cache_dir =
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/capstan/compiled"));
-    }
     let concurrency = args.concurrency.max(1);
     let instances = *sandbox
         .plugin_instances
