@@ -6,6 +6,8 @@
 mod bench;
 mod cluster;
 mod demo;
+mod js;
+mod python;
 mod tools;
 
 use std::path::{Path, PathBuf};
@@ -19,7 +21,9 @@ commands:
   demo [--once]            build everything, start a local cluster, run capstan with the
                            shipped plugins and show them at work (--once: exit after showing)
   test                     every test: unit, render, control plane, end to end
-  plugins                  build the plugins (wasm32-wasip2) into target/plugins/
+  plugins [--shipped]      build the plugins (wasm32-wasip2) into target/plugins/ and the
+                           test plugins into target/test-plugins/ (--shipped: only the
+                           former, which needs no Node.js)
   bench [--quick]          benchmarks on a local cluster: Capstan against a native
                            controller, scaling, memory, hot reload, restart, the sandbox
                            (docs/performance.md; results in target/bench/)
@@ -50,7 +54,11 @@ fn main() {
 fn run(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("cluster") => cluster::main(&args[1..]),
-        Some("plugins") => build_plugins().map(|_| ()),
+        Some("plugins") => match &args[1..] {
+            [] => build_plugins().map(drop),
+            [flag] if flag == "--shipped" => build_selected_plugins(false).map(drop),
+            _ => bail!("usage: cargo xtask plugins [--shipped]"),
+        },
         Some("test") => test(&args[1..]),
         Some("demo") => demo::main(&args[1..]),
         Some("bench") => bench::main(&args[1..]),
@@ -103,12 +111,18 @@ pub struct BuiltPlugins {
     pub test_plugins: PathBuf,
 }
 
-/// Builds every plugin for wasm32-wasip2 and copies them to stable names.
+/// Builds every plugin (Rust, Python, TypeScript) and copies them to stable names.
 pub fn build_plugins() -> Result<BuiltPlugins> {
+    build_selected_plugins(true)
+}
+
+/// Builds the shipped plugins, and the test plugins too if `tests`.
+fn build_selected_plugins(tests: bool) -> Result<BuiltPlugins> {
     tools::ensure_wasm_targets()?;
     let mut cmd = cargo();
     cmd.args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"]);
-    for (package, _) in PLUGINS.iter().chain(TEST_PLUGINS) {
+    let test_plugins = if tests { TEST_PLUGINS } else { &[] };
+    for (package, _) in PLUGINS.iter().chain(test_plugins) {
         cmd.args(["--package", package]);
     }
     run_cmd(&mut cmd)?;
@@ -119,7 +133,7 @@ pub fn build_plugins() -> Result<BuiltPlugins> {
     };
     for (list, dir) in [
         (PLUGINS, &built.plugins),
-        (TEST_PLUGINS, &built.test_plugins),
+        (test_plugins, &built.test_plugins),
     ] {
         std::fs::create_dir_all(dir)?;
         for (package, file) in list {
@@ -127,6 +141,11 @@ pub fn build_plugins() -> Result<BuiltPlugins> {
             std::fs::copy(&from, dir.join(file))
                 .with_context(|| format!("copy {}", from.display()))?;
         }
+    }
+    python::build_plugins(&built.plugins)?;
+    if tests {
+        // The TypeScript example is a starting point to copy, not a shipped plugin.
+        js::build_plugins(&built.test_plugins)?;
     }
     println!("plugins: {}", built.plugins.display());
     Ok(built)
@@ -144,6 +163,8 @@ pub fn build_host() -> Result<PathBuf> {
 /// every test with it, and stops it again, also when tests fail.
 fn test(args: &[String]) -> Result<()> {
     let built = build_plugins()?;
+    python::unit_tests()?;
+    js::test()?;
     let component_plugin = tools::build_with_cargo_component()?;
     build_host()?;
     let cluster = cluster::up(&cluster::UpOptions::for_tests())?;

@@ -1,0 +1,97 @@
+"""The component's side of the contract: ``export`` turns a :class:`~capstan.Plugin` into
+the ``Reconciler`` class componentize-py exports as ``capstan:plugin/reconciler``.
+
+Only importable inside ``componentize-py componentize`` (it imports the generated
+``wit_world`` bindings). componentize-py runs the app module's top level while building
+and snapshots the result, so every module a plugin uses must be imported at top level:
+the sandbox has no file system to import from later.
+"""
+
+from . import log
+from .errors import Invalid, PluginError
+from .plugin import Plugin, encode_desired, encode_finalized, guarded, info_of, observe
+
+
+def export(plugin: Plugin):
+    """The ``Reconciler`` class for ``plugin``; assign it in ``app.py``::
+
+        Reconciler = capstan.component.export(MyPlugin())
+    """
+    from componentize_py_types import Err
+    from wit_world import exports
+    from wit_world.imports import log as wit_log
+    from wit_world.imports import types
+
+    levels = {
+        log.TRACE: wit_log.Level.TRACE,
+        log.DEBUG: wit_log.Level.DEBUG,
+        log.INFO: wit_log.Level.INFO,
+        log.WARN: wit_log.Level.WARN,
+        log.ERROR: wit_log.Level.ERROR,
+    }
+    log.set_backend(
+        lambda level: wit_log.enabled(levels[level]),
+        lambda level, message: wit_log.log(levels[level], message),
+    )
+    statuses = {
+        "True": types.ConditionStatus.TRUE,
+        "False": types.ConditionStatus.FALSE,
+        "Unknown": types.ConditionStatus.UNKNOWN,
+    }
+    event_types = {"Normal": types.EventType.NORMAL, "Warning": types.EventType.WARNING}
+
+    # Described once, at build time: the snapshot holds it for every fresh instance.
+    info = info_of(plugin)
+
+    def kind(k):
+        return types.KindRef(k.group, k.version, k.kind, k.plural, k.namespaced)
+
+    def events(encoded):
+        return [types.Event(event_types[t], r, m) for t, r, m in encoded]
+
+    def wit_error(e):
+        if isinstance(e, Invalid):
+            return Err(types.Error_Invalid(e.message))
+        return Err(types.Error_Retry(e.message))
+
+    def context(observed):
+        return observe(info, observed.parent, [(c.kind_index, c.object) for c in observed.children])
+
+    class Reconciler(exports.Reconciler):
+        def describe(self):
+            return types.PluginInfo(
+                name=info.name,
+                version=info.version,
+                parent=kind(info.parent),
+                children=[kind(k) for k in info.children],
+                finalizer=info.finalizer,
+                resync_seconds=info.resync_seconds,
+                crd=info.crd,
+            )
+
+        def reconcile(self, observed):
+            try:
+                d = encode_desired(guarded(lambda: plugin.reconcile(context(observed))))
+            except PluginError as e:
+                raise wit_error(e) from None
+            return types.Desired(
+                children=d["children"],
+                status=d["status"],
+                conditions=[types.Condition(t, statuses[s], r, m) for t, s, r, m in d["conditions"]],
+                events=events(d["events"]),
+                requeue_after_seconds=d["requeue_after_seconds"],
+            )
+
+        def finalize(self, observed):
+            try:
+                f = encode_finalized(guarded(lambda: plugin.finalize(context(observed))))
+            except PluginError as e:
+                raise wit_error(e) from None
+            return types.FinalizeResult(
+                done=f["done"],
+                events=events(f["events"]),
+                requeue_after_seconds=f["requeue_after_seconds"],
+            )
+
+    return Reconciler
+
