@@ -75,22 +75,19 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One plugin and the input of its calls, with the p50 goal of its calls.
+/// One plugin and the input of its calls, with the p50 goal of its calls (none: the
+/// figure is reported beside the others, without a goal).
 struct Case {
     name: &'static str,
     parent: Value,
     children: Vec<ObservedChild>,
-    goal_p50: Duration,
+    goal_p50: Option<Duration>,
 }
 
 fn measure(args: &Args, config: &SandboxConfig, case: Case) -> anyhow::Result<Value> {
     let path = args.dir.join(format!("{}.wasm", case.name));
-    let uncached = SandboxConfig {
-        cache_dir: None,
-        ..config.clone()
-    };
-    let compile = time_once(|| load(&uncached, &path))?;
-    load(config, &path)?; // fill the cache
+    // The cache starts empty: the first load compiles (and fills it), the second reads it.
+    let compile = time_once(|| load(config, &path))?;
     let cached = time_once(|| load(config, &path))?;
     let plugin = Sandbox::new(config.clone())?.load_file(&path)?;
     let observed = Observed {
@@ -118,7 +115,7 @@ fn measure(args: &Args, config: &SandboxConfig, case: Case) -> anyhow::Result<Va
         "cached_load_ms": cached.as_secs_f64() * 1e3,
         "reconcile_p50_us": micros(at(0.5)),
         "reconcile_p99_us": micros(at(0.99)),
-        "goal_p50_us": micros(case.goal_p50),
+        "goal_p50_us": case.goal_p50.map(micros),
     }))
 }
 
@@ -139,10 +136,10 @@ fn print_table(results: &[Value], calls: usize) {
     );
     for r in results {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-        let verdict = if f("reconcile_p50_us") <= f("goal_p50_us") {
-            "ok"
-        } else {
-            "over"
+        let goal = match r["goal_p50_us"].as_f64() {
+            Some(goal) if f("reconcile_p50_us") <= goal => format!("≤ {goal:.0} µs ok"),
+            Some(goal) => format!("≤ {goal:.0} µs over"),
+            None => "-".to_string(),
         };
         println!(
             "| {:<10} | {:>7.0} ms | {:>8.1} ms | {:>10.0} µs | {:>10.0} µs | {:>13} |",
@@ -151,7 +148,7 @@ fn print_table(results: &[Value], calls: usize) {
             f("cached_load_ms"),
             f("reconcile_p50_us"),
             f("reconcile_p99_us"),
-            format!("≤ {:.0} µs {verdict}", f("goal_p50_us")),
+            goal,
         );
     }
 }
@@ -171,14 +168,22 @@ fn cases() -> Vec<Case> {
             name: "uuid",
             parent: json!({"apiVersion": "demo.operator/v1", "kind": "Uuid", "metadata": meta("u")}),
             children: vec![],
-            goal_p50: Duration::from_micros(60),
+            goal_p50: Some(Duration::from_micros(60)),
         },
         Case {
             name: "postgresql",
             parent: json!({"apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster", "metadata": meta("pg"),
                    "spec": {"replicas": 3, "version": "16.1", "storage": "1Gi"}}),
             children: vec![],
-            goal_p50: Duration::from_micros(250),
+            goal_p50: Some(Duration::from_micros(250)),
+        },
+        // The Python plugin (componentize-py: CPython in the component), for comparison.
+        Case {
+            name: "database",
+            parent: json!({"apiVersion": "mycompany.com/v1", "kind": "Database", "metadata": meta("db"),
+                   "spec": {"engine": "postgresql", "version": "16", "storage": "1Gi", "replicas": 3}}),
+            children: vec![],
+            goal_p50: None,
         },
     ]
 }

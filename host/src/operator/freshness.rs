@@ -63,11 +63,12 @@ impl OwnWrites {
         };
         let cached_rv = cached.metadata.resource_version.as_deref();
         let own_rv = own.metadata.resource_version.as_deref();
-        if !is_at_least(cached_rv, own_rv) && at.elapsed() < OWN_WRITE_LIFETIME {
-            if is_at_least(own_rv, cached_rv) {
-                return own.clone();
-            }
-            // Versions that do not compare (not etcd revisions): trust the cache.
+        // Versions that do not compare (not etcd revisions) trust the cache.
+        if !is_at_least(cached_rv, own_rv)
+            && is_at_least(own_rv, cached_rv)
+            && at.elapsed() < OWN_WRITE_LIFETIME
+        {
+            return own.clone();
         }
         written.remove(uid);
         cached
