@@ -14,7 +14,7 @@ use std::time::Duration;
 use capstan::contract::{Observed, ObservedChild};
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
 use capstan::render;
-use common::{assert_golden, capstan, plugin, root};
+use common::{assert_golden, capstan, child, kinds_and_names, plugin, root, secret_data};
 use serde_json::{Value, json};
 
 const NOW: &str = "2026-01-01T00:00:00Z";
@@ -106,19 +106,8 @@ fn as_observed(rendered: &Value, ready: u32) -> Vec<Value> {
         .collect()
 }
 
-fn child<'a>(rendered: &'a Value, kind: &str, name: &str) -> &'a Value {
-    rendered["children"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["kind"] == kind && c["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {kind} {name}"))
-}
-
 fn secret_value(rendered: &Value, key: &str) -> String {
-    let encoded = child(rendered, "Secret", SECRET)["data"][key].clone();
-    let bytes: k8s_openapi::ByteString = serde_json::from_value(encoded).unwrap();
-    String::from_utf8(bytes.0).unwrap()
+    secret_data(rendered, SECRET, key)
 }
 
 /// Masks the passwords (and the URI holding one) and the scripts, after checking that
@@ -146,21 +135,6 @@ fn masked(rendered: &Value) -> String {
         }
     }
     serde_yaml::to_string(&value).unwrap()
-}
-
-fn kinds_and_names(rendered: &Value) -> Vec<String> {
-    rendered["children"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            format!(
-                "{}/{}",
-                c["kind"].as_str().unwrap(),
-                c["metadata"]["name"].as_str().unwrap()
-            )
-        })
-        .collect()
 }
 
 #[test]

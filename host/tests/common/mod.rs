@@ -67,3 +67,36 @@ pub fn assert_golden(name: &str, actual: &str) {
         path.display()
     );
 }
+
+/// The rendered child of `kind` named `name`.
+pub fn child<'a>(rendered: &'a Value, kind: &str, name: &str) -> &'a Value {
+    rendered["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == kind && c["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in {rendered}"))
+}
+
+/// The decoded value of `key` in the rendered Secret `secret`.
+pub fn secret_data(rendered: &Value, secret: &str, key: &str) -> String {
+    let encoded = child(rendered, "Secret", secret)["data"][key].clone();
+    let bytes: k8s_openapi::ByteString = serde_json::from_value(encoded).unwrap();
+    String::from_utf8(bytes.0).unwrap()
+}
+
+/// `Kind/name` of every rendered child, in order.
+pub fn kinds_and_names(rendered: &Value) -> Vec<String> {
+    rendered["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            format!(
+                "{}/{}",
+                c["kind"].as_str().unwrap(),
+                c["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
