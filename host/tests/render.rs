@@ -532,6 +532,16 @@ fn compiled_code_is_cached_on_disk() {
         .load_file(&plugin("uuid"))
         .unwrap();
     assert_eq!(second.info(), first.info());
+    // The code is mapped from a private copy: the entry truncated in place under a
+    // loaded plugin (by someone else) neither crashes the host nor stops its calls.
+    std::fs::File::create(dir.path().join(&name)).unwrap();
+    let observed = Observed {
+        parent: json!({"apiVersion": "demo.operator/v1", "kind": "Uuid",
+            "metadata": {"name": "u", "namespace": "default", "uid": "uid-1", "generation": 1}}),
+        children: vec![],
+    };
+    let answer = second.reconcile(&observed).unwrap().unwrap();
+    assert!(answer.status.is_some(), "{answer:?}");
     // A corrupt entry is ignored, not fatal.
     std::fs::write(dir.path().join(&name), b"garbage").unwrap();
     let config = SandboxConfig {

@@ -3,6 +3,7 @@
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -37,8 +38,10 @@ pub fn compile(
     let serialized = engine.precompile_component(bytes)?;
     if let Err(err) = store(dir, &path, &serialized) {
         tracing::warn!(dir = %dir.display(), "cannot write the compile cache: {err}");
+        return deserialize_bytes(engine, &serialized);
     }
-    deserialize_bytes(engine, &serialized)
+    // Mapped from the file rather than kept from `serialized`: see `deserialize`.
+    deserialize(engine, &path).or_else(|_| deserialize_bytes(engine, &serialized))
 }
 
 /// Writes through a temporary file and a rename, so a reader never sees half a file.
@@ -49,15 +52,28 @@ fn store(dir: &Path, path: &Path, serialized: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Reads the entry into memory rather than mapping it: a mapped file truncated by
-/// someone else would crash the host with SIGBUS.
+/// Maps the entry instead of reading it into memory: the code is then backed by the
+/// file, and only the pages a plugin runs become resident (a read copy kept all of it,
+/// 1-4 MiB a plugin). The map is of a private copy, unlinked once mapped, because a
+/// mapped file truncated by someone else would crash the host with SIGBUS; entries
+/// are only ever replaced by a rename, which leaves the copy intact anyway.
 #[allow(unsafe_code)]
 fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
-    let bytes = std::fs::read(path)?;
-    // SAFETY: the file was written by `store` above from `precompile_component` output
-    // of an engine with the same compatibility hash (part of the name) and renamed into
-    // place whole. wasmtime checks the header and the engine settings again.
-    unsafe { Component::deserialize(engine, &bytes) }
+    static COPIES: AtomicU64 = AtomicU64::new(0);
+    let copy = path.with_extension(format!(
+        "load{}-{}",
+        std::process::id(),
+        COPIES.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::copy(path, &copy)?;
+    // SAFETY: the entry was written by `store` from `precompile_component` output of an
+    // engine with the same compatibility hash (part of the name) and renamed into place
+    // whole; wasmtime checks the header and the engine settings again. The copy has a
+    // name of this process alone and is unlinked right after it is mapped, so nothing
+    // can modify it while the component lives.
+    let component = unsafe { Component::deserialize_file(engine, &copy) };
+    let _ = std::fs::remove_file(&copy);
+    component
 }
 
 #[allow(unsafe_code)]
