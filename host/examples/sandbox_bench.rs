@@ -1,6 +1,8 @@
 //! Measures the plugin sandbox for each shipped plugin: compiling the component (no
 //! cache), loading it from the on-disk compile cache, and `reconcile` calls, each in a
-//! fresh instance (p50 and p99).
+//! fresh instance (p50 and p99): blocking calls (as `capstan render` makes them, on the
+//! caller's thread), and async calls awaited from another tokio runtime (as the
+//! operator makes them: the call hops to the sandbox's runtime and back).
 //!
 //! `cargo xtask bench` runs it (release build) and keeps its JSON in
 //! `target/bench/sandbox.json`; `docs/performance.md` has the figures. Nothing here
@@ -106,7 +108,29 @@ fn measure(args: &Args, config: &SandboxConfig, case: Case) -> anyhow::Result<Va
         }
     }
     calls.sort();
+    // The operator's way: from a runtime of its own, awaiting the sandbox's runtime.
+    let operator = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let mut hops = operator.block_on(async {
+        let mut hops = Vec::with_capacity(args.calls);
+        for i in 0..WARMUP_CALLS + args.calls {
+            let start = Instant::now();
+            plugin
+                .reconcile_async(&observed)
+                .await
+                .context("call")?
+                .map_err(|e| anyhow::anyhow!("reconcile: {e:?}"))?;
+            if i >= WARMUP_CALLS {
+                hops.push(start.elapsed());
+            }
+        }
+        anyhow::Ok(hops)
+    })?;
+    hops.sort();
     let at = |q: f64| calls[((calls.len() - 1) as f64 * q).round() as usize];
+    let async_at = |q: f64| hops[((hops.len() - 1) as f64 * q).round() as usize];
     let micros = |d: Duration| d.as_secs_f64() * 1e6;
     Ok(json!({
         "plugin": case.name,
@@ -115,6 +139,8 @@ fn measure(args: &Args, config: &SandboxConfig, case: Case) -> anyhow::Result<Va
         "cached_load_ms": cached.as_secs_f64() * 1e3,
         "reconcile_p50_us": micros(at(0.5)),
         "reconcile_p99_us": micros(at(0.99)),
+        "async_p50_us": micros(async_at(0.5)),
+        "async_p99_us": micros(async_at(0.99)),
         "goal_p50_us": case.goal_p50.map(micros),
     }))
 }
@@ -127,12 +153,19 @@ fn load(config: &SandboxConfig, path: &Path) -> anyhow::Result<()> {
 fn print_table(results: &[Value], calls: usize) {
     println!("\n### Sandbox: one plugin call in a fresh instance ({calls} calls)\n");
     println!(
-        "| {:<10} | {:>10} | {:>11} | {:>13} | {:>13} | {:>13} |",
-        "plugin", "compile", "cached load", "reconcile p50", "reconcile p99", "goal (p50)"
+        "| {:<10} | {:>10} | {:>11} | {:>13} | {:>13} | {:>13} | {:>9} | {:>9} |",
+        "plugin",
+        "compile",
+        "cached load",
+        "reconcile p50",
+        "reconcile p99",
+        "goal (p50)",
+        "async p50",
+        "async p99"
     );
     println!(
-        "| {:-<10} | {:->10} | {:->11} | {:->13} | {:->13} | {:->13} |",
-        "", "", "", "", "", ""
+        "| {:-<10} | {:->10} | {:->11} | {:->13} | {:->13} | {:->13} | {:->9} | {:->9} |",
+        "", "", "", "", "", "", "", ""
     );
     for r in results {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
@@ -142,13 +175,15 @@ fn print_table(results: &[Value], calls: usize) {
             None => "-".to_string(),
         };
         println!(
-            "| {:<10} | {:>7.0} ms | {:>8.1} ms | {:>10.0} µs | {:>10.0} µs | {:>13} |",
+            "| {:<10} | {:>7.0} ms | {:>8.1} ms | {:>10.0} µs | {:>10.0} µs | {:>13} | {:>6.0} µs | {:>6.0} µs |",
             r["plugin"].as_str().unwrap_or_default(),
             f("compile_ms"),
             f("cached_load_ms"),
             f("reconcile_p50_us"),
             f("reconcile_p99_us"),
             goal,
+            f("async_p50_us"),
+            f("async_p99_us"),
         );
     }
 }
