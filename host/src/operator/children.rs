@@ -5,8 +5,10 @@
 //! namespace per reconcile (which makes a sweep over N parents cost O(N²)).
 //!
 //! Each cache also tells the controllers which parents a change concerns: every applied
-//! or deleted child is broadcast with its controller reference, and each plugin's
-//! controller keeps those whose controller is of its parent kind.
+//! or deleted child is sent, as its controller reference, to the controllers of that
+//! controller's kind. The channels are unbounded: they hold only what a controller has
+//! not taken yet (a fixed ring per kind sized for bursts cost 2 MiB a kind whether used
+//! or not), and a slow controller never misses a change.
 //!
 //! A cache lags the writes the host just made; [`Expectations`] keep a reconcile from
 //! acting on a cache that has not yet seen them.
@@ -19,17 +21,13 @@ use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::cluster::api_resource;
 use super::metrics::Metrics;
 use crate::contract::KindRef;
 use crate::plan::{MANAGED_BY, MANAGED_BY_LABEL};
-
-/// How many changes a slow controller may fall behind before it misses some (it then
-/// relies on its resync; the miss is logged).
-const CHANGES_CAPACITY: usize = 16 * 1024;
 
 /// (namespace, name) of a cached object.
 pub type Key = (Option<String>, String);
@@ -113,7 +111,14 @@ pub struct KindCache {
     kind: KindRef,
     index: RwLock<Index>,
     synced: watch::Sender<bool>,
-    changes: broadcast::Sender<ControllerRef>,
+    subscribers: Mutex<Vec<Subscriber>>,
+}
+
+/// A controller told of the changes of children whose controller is of its kind.
+struct Subscriber {
+    api_version: String,
+    kind: String,
+    changes: mpsc::UnboundedSender<ControllerRef>,
 }
 
 impl KindCache {
@@ -130,12 +135,11 @@ impl KindCache {
             _ => Api::all_with(client.clone(), &ar),
         };
         let (synced, _) = watch::channel(false);
-        let (changes, _) = broadcast::channel(CHANGES_CAPACITY);
         let cache = Arc::new(KindCache {
             kind: kind.clone(),
             index: RwLock::new(Index::default()),
             synced,
-            changes,
+            subscribers: Mutex::new(Vec::new()),
         });
         let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
         let name = kind.to_string();
@@ -181,7 +185,7 @@ impl KindCache {
                 // every parent is reconciled when its controller starts).
                 if *self.synced.borrow() {
                     for owner in index.differences(&next) {
-                        let _ = self.changes.send(owner);
+                        self.tell(owner);
                     }
                 }
                 *index = next;
@@ -195,14 +199,14 @@ impl KindCache {
                     .expect("index lock")
                     .insert(with_type(obj, ar));
                 if let Some(owner) = owner {
-                    let _ = self.changes.send(owner);
+                    self.tell(owner);
                 }
             }
             watcher::Event::Delete(obj) => {
                 let owner = controller_of(&obj);
                 self.index.write().expect("index lock").delete(&obj);
                 if let Some(owner) = owner {
-                    let _ = self.changes.send(owner);
+                    self.tell(owner);
                 }
             }
         }
@@ -236,9 +240,30 @@ impl KindCache {
         self.index.read().expect("index lock").lookup(key)
     }
 
-    /// Changes of children, with their controller, from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<ControllerRef> {
-        self.changes.subscribe()
+    /// From now on, the changes of children whose controller is of kind `parent`; the
+    /// channel closes when the cache stops.
+    pub fn subscribe(&self, parent: &KindRef) -> mpsc::UnboundedReceiver<ControllerRef> {
+        let (changes, rx) = mpsc::unbounded_channel();
+        self.subscribers
+            .lock()
+            .expect("subscribers lock")
+            .push(Subscriber {
+                api_version: parent.api_version(),
+                kind: parent.kind.clone(),
+                changes,
+            });
+        rx
+    }
+
+    /// Sends `owner` to the controllers of its kind, and forgets controllers that stopped.
+    fn tell(&self, owner: ControllerRef) {
+        let mut subscribers = self.subscribers.lock().expect("subscribers lock");
+        subscribers.retain(|s| {
+            if s.api_version != owner.api_version || s.kind != owner.kind {
+                return !s.changes.is_closed();
+            }
+            s.changes.send(owner.clone()).is_ok()
+        });
     }
 }
 

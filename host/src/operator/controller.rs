@@ -8,12 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
-use tokio::sync::broadcast::error::RecvError;
+use kube::{Client, Resource};
 use tokio::task::JoinHandle;
 
 use super::children::{ChildCaches, ControllerRef, KindCache};
@@ -21,6 +20,7 @@ use super::cluster::{ChildKinds, ClusterWrites, api_resource};
 use super::freshness::OwnWrites;
 use super::leader::WriteFence;
 use super::metrics::Metrics;
+use super::parent::{CachedParent, ParentKind};
 use super::reconcile::{self, Context};
 use crate::contract::KindRef;
 use crate::plugin::Plugin;
@@ -54,14 +54,14 @@ impl RunningController {
         opts: &ControllerOptions,
     ) -> Self {
         let info = plugin.info().clone();
-        let parent_ar = api_resource(&info.parent);
+        let parent_kind = ParentKind::new(api_resource(&info.parent));
         let api = match (&opts.namespace, info.parent.namespaced) {
             (Some(ns), true) => {
-                Api::<DynamicObject>::namespaced_with(client.clone(), ns, &parent_ar)
+                Api::<CachedParent>::namespaced_with(client.clone(), ns, &parent_kind)
             }
-            _ => Api::<DynamicObject>::all_with(client.clone(), &parent_ar),
+            _ => Api::<CachedParent>::all_with(client.clone(), &parent_kind),
         };
-        let writer = Writer::new(parent_ar.clone());
+        let writer = Writer::new(parent_kind.clone());
         let reader = writer.as_reader();
         let kind_name = info.parent.to_string();
         let watch_metrics = metrics.clone();
@@ -70,14 +70,13 @@ impl RunningController {
         let delivered = own_writes.clone();
         let parents = reflector::reflector(
             writer,
+            // CachedParent drops the managedFields: a plugin never sees them.
             watcher(api, watcher::Config::default())
                 .default_backoff()
-                // A plugin never sees managedFields; the cache need not keep them.
-                .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
                 .inspect_ok(move |event| match event {
                     watcher::Event::Apply(o) | watcher::Event::InitApply(o) => delivered.seen(o),
                     watcher::Event::Delete(o) => {
-                        delivered.forget(o.metadata.uid.as_deref().unwrap_or_default())
+                        delivered.forget(o.meta().uid.as_deref().unwrap_or_default())
                     }
                     watcher::Event::Init | watcher::Event::InitDone => {}
                 })
@@ -95,9 +94,9 @@ impl RunningController {
         let triggers = futures::stream::select_all(
             kind_caches
                 .iter()
-                .map(|cache| parents_of_changes(cache, &info.parent, parent_ar.clone())),
+                .map(|cache| parents_of_changes(cache, &info.parent, parent_kind.clone())),
         );
-        let controller = Controller::for_stream_with(parents, reader, parent_ar.clone())
+        let controller = Controller::for_stream_with(parents, reader, parent_kind.clone())
             .with_config(ControllerConfig::default().concurrency(opts.concurrency))
             .reconcile_on(triggers);
         let ctx = Arc::new(Context::new(
@@ -141,46 +140,34 @@ impl RunningController {
 fn parents_of_changes(
     cache: &KindCache,
     parent: &KindRef,
-    parent_ar: ApiResource,
-) -> futures::stream::BoxStream<'static, ObjectRef<DynamicObject>> {
-    let (api_version, kind) = (parent.api_version(), parent.kind.clone());
-    let child_kind = cache.kind().to_string();
-    futures::stream::unfold(cache.subscribe(), move |mut changes| {
-        let child_kind = child_kind.clone();
-        async move {
-            loop {
-                match changes.recv().await {
-                    Ok(owner) => return Some((owner, changes)),
-                    Err(RecvError::Lagged(missed)) => tracing::warn!(
-                        kind = %child_kind,
-                        missed,
-                        "a controller fell behind the changes of its children; the resync will catch up"
-                    ),
-                    Err(RecvError::Closed) => return None,
-                }
-            }
-        }
-    })
-    .filter_map(move |owner: ControllerRef| {
-        let wanted = owner.api_version == api_version && owner.kind == kind;
-        let parent = wanted.then(|| {
-            let r = ObjectRef::new_with(&owner.name, parent_ar.clone());
+    parent_kind: ParentKind,
+) -> futures::stream::BoxStream<'static, ObjectRef<CachedParent>> {
+    let changes = tokio_stream_of(cache.subscribe(parent));
+    changes
+        .map(move |owner: ControllerRef| {
+            let r = ObjectRef::new_with(&owner.name, parent_kind.clone());
             match owner.namespace {
                 Some(ns) => r.within(&ns),
                 None => r,
             }
-        });
-        std::future::ready(parent)
-    })
-    .boxed()
+        })
+        .boxed()
+}
+
+/// The messages of `rx` as a stream, until it closes.
+fn tokio_stream_of<T: Send + 'static>(
+    rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
 }
 
 /// Reconcile on a new object, a new generation (spec change) or the start of deletion;
 /// status-only changes do not pass, so status writes never trigger reconciles.
-fn spec_or_deletion(obj: &DynamicObject) -> Option<u64> {
+fn spec_or_deletion(obj: &CachedParent) -> Option<u64> {
+    let obj = obj.meta();
     let mut h = DefaultHasher::new();
-    obj.metadata.uid.hash(&mut h);
-    obj.metadata.generation.hash(&mut h);
-    obj.metadata.deletion_timestamp.is_some().hash(&mut h);
+    obj.uid.hash(&mut h);
+    obj.generation.hash(&mut h);
+    obj.deletion_timestamp.is_some().hash(&mut h);
     Some(h.finish())
 }

@@ -16,11 +16,12 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::ResourceExt;
 use kube::api::DynamicObject;
+use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
 use super::children::{Key, is_at_least};
+use super::parent::{CachedParent, ParentKind};
 
 /// How long a written parent is kept for a cache that never shows it (the parent was
 /// deleted, or the watch relisted past it): far longer than any watch lag.
@@ -51,17 +52,18 @@ impl OwnWrites {
         obj
     }
 
-    /// The newer of the cached parent and the host's own last write of it. Once the
-    /// cache shows the write (or anything later), the write is forgotten.
-    pub fn freshest(&self, cached: Arc<DynamicObject>) -> Arc<DynamicObject> {
-        let Some(uid) = cached.metadata.uid.as_deref() else {
-            return cached;
+    /// The newer of the cached parent (of kind `kind`) and the host's own last write of
+    /// it. Once the cache shows the write (or anything later), the write is forgotten.
+    pub fn freshest(&self, cached: &CachedParent, kind: &ParentKind) -> Arc<DynamicObject> {
+        let meta = cached.meta();
+        let Some(uid) = meta.uid.as_deref() else {
+            return Arc::new(cached.to_dynamic(kind));
         };
         let mut written = self.written.lock().expect("own writes lock");
         let Some((own, at)) = written.get(uid) else {
-            return cached;
+            return Arc::new(cached.to_dynamic(kind));
         };
-        let cached_rv = cached.metadata.resource_version.as_deref();
+        let cached_rv = meta.resource_version.as_deref();
         let own_rv = own.metadata.resource_version.as_deref();
         // Versions that do not compare (not etcd revisions) trust the cache.
         if !is_at_least(cached_rv, own_rv)
@@ -71,19 +73,20 @@ impl OwnWrites {
             return own.clone();
         }
         written.remove(uid);
-        cached
+        Arc::new(cached.to_dynamic(kind))
     }
 
     /// Told of every parent the parent watch delivers: a write the cache now shows (or
     /// went past) is forgotten, so that the map only holds writes still in flight.
-    pub fn seen(&self, cached: &DynamicObject) {
-        let Some(uid) = cached.metadata.uid.as_deref() else {
+    pub fn seen(&self, cached: &CachedParent) {
+        let meta = cached.meta();
+        let Some(uid) = meta.uid.as_deref() else {
             return;
         };
         let mut written = self.written.lock().expect("own writes lock");
         if let Some((own, _)) = written.get(uid)
             && is_at_least(
-                cached.metadata.resource_version.as_deref(),
+                meta.resource_version.as_deref(),
                 own.metadata.resource_version.as_deref(),
             )
         {
@@ -170,26 +173,36 @@ fn manifest_hash(manifest: &Value) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::api::ApiResource;
     use serde_json::json;
 
-    fn parent(uid: &str, rv: &str, status: &str) -> Arc<DynamicObject> {
-        Arc::new(
-            serde_json::from_value(json!({
-                "apiVersion": "example.com/v1", "kind": "Widget",
-                "metadata": {"name": "w", "namespace": "ns", "uid": uid, "resourceVersion": rv,
-                    "managedFields": [{"manager": "m", "operation": "Apply"}]},
-                "status": {"phase": status},
-            }))
-            .unwrap(),
-        )
+    fn parent(uid: &str, rv: &str, status: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "ns", "uid": uid, "resourceVersion": rv,
+                "managedFields": [{"manager": "m", "operation": "Apply"}]},
+            "status": {"phase": status},
+        }))
+        .unwrap()
+    }
+
+    fn cached(uid: &str, rv: &str, status: &str) -> CachedParent {
+        CachedParent::new(parent(uid, rv, status))
+    }
+
+    fn kind() -> ParentKind {
+        ParentKind::new(ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("example.com", "v1", "Widget"),
+            "widgets",
+        ))
     }
 
     #[test]
     fn the_own_write_stands_in_until_the_cache_shows_it() {
         let own = OwnWrites::default();
-        own.remember((*parent("u1", "12", "written")).clone());
+        own.remember(parent("u1", "12", "written"));
         // The cache is older: the write is used, without its managedFields.
-        let used = own.freshest(parent("u1", "10", "stale"));
+        let used = own.freshest(&cached("u1", "10", "stale"), &kind());
         assert_eq!(used.data["status"]["phase"], "written");
         assert!(
             used.metadata
@@ -201,17 +214,18 @@ mod tests {
         );
         // Other parents are untouched.
         assert_eq!(
-            own.freshest(parent("u2", "3", "other")).data["status"]["phase"],
+            own.freshest(&cached("u2", "3", "other"), &kind()).data["status"]["phase"],
             "other"
         );
         // The cache caught up (or went past it): the cache wins and the write is gone.
         assert_eq!(
-            own.freshest(parent("u1", "15", "newer")).data["status"]["phase"],
+            own.freshest(&cached("u1", "15", "newer"), &kind()).data["status"]["phase"],
             "newer"
         );
         assert_eq!(own.len(), 0);
         assert_eq!(
-            own.freshest(parent("u1", "11", "stale again")).data["status"]["phase"],
+            own.freshest(&cached("u1", "11", "stale again"), &kind())
+                .data["status"]["phase"],
             "stale again"
         );
     }
@@ -219,24 +233,24 @@ mod tests {
     #[test]
     fn the_parent_watch_clears_writes_it_delivered() {
         let own = OwnWrites::default();
-        own.remember((*parent("u1", "12", "written")).clone());
-        own.remember((*parent("u2", "20", "written")).clone());
-        own.seen(&parent("u1", "11", "older event"));
-        own.seen(&parent("u2", "21", "later event"));
+        own.remember(parent("u1", "12", "written"));
+        own.remember(parent("u2", "20", "written"));
+        own.seen(&cached("u1", "11", "older event"));
+        own.seen(&cached("u2", "21", "later event"));
         assert_eq!(own.len(), 1);
-        own.seen(&parent("u1", "12", "the write itself"));
+        own.seen(&cached("u1", "12", "the write itself"));
         assert_eq!(own.len(), 0);
     }
 
     #[test]
     fn versions_that_do_not_compare_trust_the_cache() {
         let own = OwnWrites::default();
-        own.remember((*parent("u1", "abc", "written")).clone());
+        own.remember(parent("u1", "abc", "written"));
         assert_eq!(
-            own.freshest(parent("u1", "xyz", "cached")).data["status"]["phase"],
+            own.freshest(&cached("u1", "xyz", "cached"), &kind()).data["status"]["phase"],
             "cached"
         );
-        own.remember((*parent("u1", "abc", "written")).clone());
+        own.remember(parent("u1", "abc", "written"));
         own.forget("u1");
         assert_eq!(own.len(), 0);
     }

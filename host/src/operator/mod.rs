@@ -10,6 +10,7 @@ mod freshness;
 mod http;
 mod leader;
 mod metrics;
+mod parent;
 mod reconcile;
 mod registry;
 

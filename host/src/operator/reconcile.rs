@@ -6,6 +6,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kube::Resource;
 use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use serde_json::Value;
@@ -17,6 +18,7 @@ use super::cluster::{
 };
 use super::freshness::{AppliedChildren, OwnWrites};
 use super::metrics::Metrics;
+use super::parent::{CachedParent, ParentKind};
 use crate::contract::{Observed, ObservedChild, PluginError};
 use crate::plan::{self, Plan};
 use crate::plugin::{CallError, Plugin};
@@ -35,6 +37,8 @@ pub struct Context {
     pub children: ChildKinds,
     /// The shared caches of the child kinds, in the same order.
     caches: Vec<Arc<KindCache>>,
+    /// The parent kind, as the parent cache keys it.
+    parent_kind: ParentKind,
     /// Writes the caches have not shown yet, per parent.
     expectations: Expectations,
     /// The parents as the host last wrote them, until the parent cache shows it.
@@ -60,10 +64,12 @@ impl Context {
         metrics: Arc<Metrics>,
         default_resync: Duration,
     ) -> Self {
+        let parent_kind = ParentKind::new(cluster::api_resource(&plugin.info().parent));
         Context {
             plugin,
             cluster,
             children,
+            parent_kind,
             caches,
             expectations: Expectations::default(),
             own_writes,
@@ -248,11 +254,11 @@ impl From<PluginError> for Failure {
 pub struct ReportError(String);
 
 /// The reconcile function handed to `kube::runtime::Controller`.
-#[instrument(skip_all, fields(plugin = %ctx.plugin.info().name, name = obj.metadata.name.as_deref().unwrap_or_default(), namespace = obj.metadata.namespace.as_deref().unwrap_or_default()))]
-pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, ReportError> {
+#[instrument(skip_all, fields(plugin = %ctx.plugin.info().name, name = obj.meta().name.as_deref().unwrap_or_default(), namespace = obj.meta().namespace.as_deref().unwrap_or_default()))]
+pub async fn reconcile(obj: Arc<CachedParent>, ctx: Arc<Context>) -> Result<Action, ReportError> {
     let _timer = ctx.metrics.reconcile_timer(&ctx.plugin.info().name);
     // The cache may not show this host's last write of the parent yet.
-    let obj = ctx.own_writes.freshest(obj);
+    let obj = ctx.own_writes.freshest(&obj, &ctx.parent_kind);
     let uid = obj.metadata.uid.clone().unwrap_or_default();
     let parent = serde_json::to_value(&*obj).map_err(|e| ReportError(e.to_string()))?;
     match reconcile_parent(&obj, &parent, &ctx).await {
@@ -322,7 +328,7 @@ fn api_code(failure: &Failure) -> Option<u16> {
 }
 
 /// The controller's error policy: only reached when a failure could not be reported.
-pub fn error_policy(_obj: Arc<DynamicObject>, err: &ReportError, ctx: Arc<Context>) -> Action {
+pub fn error_policy(_obj: Arc<CachedParent>, err: &ReportError, ctx: Arc<Context>) -> Action {
     warn!(plugin = %ctx.plugin.info().name, "reconcile error: {err}");
     Action::requeue(Duration::from_secs(5))
 }
