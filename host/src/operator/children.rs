@@ -24,6 +24,8 @@ use tokio::task::JoinHandle;
 
 use super::cluster::api_resource;
 use super::metrics::Metrics;
+use super::shard::Buckets;
+use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plan::{MANAGED_BY, MANAGED_BY_LABEL};
 
@@ -51,6 +53,8 @@ pub struct ControllerRef {
 pub struct ChildCaches {
     client: Client,
     namespace: Option<String>,
+    /// With `--shards`: only the children of these buckets' parents.
+    shard: Option<Buckets>,
     metrics: Arc<Metrics>,
     /// Each cache with the task that feeds it.
     kinds: Mutex<HashMap<String, FedCache>>,
@@ -60,11 +64,18 @@ pub struct ChildCaches {
 type FedCache = (Arc<KindCache>, JoinHandle<()>);
 
 impl ChildCaches {
-    /// No cache yet; `namespace` limits namespaced kinds to one namespace.
-    pub fn new(client: Client, namespace: Option<String>, metrics: Arc<Metrics>) -> Self {
+    /// No cache yet; `namespace` limits namespaced kinds to one namespace, `shard` the
+    /// children to those of its buckets' parents.
+    pub fn new(
+        client: Client,
+        namespace: Option<String>,
+        shard: Option<Buckets>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         ChildCaches {
-            client,
+            client: watch_client(&client, None, metrics.watch_bytes("children")),
             namespace,
+            shard,
             metrics,
             kinds: Mutex::new(HashMap::new()),
         }
@@ -81,6 +92,7 @@ impl ChildCaches {
                     &self.client,
                     kind,
                     self.namespace.as_deref(),
+                    self.shard,
                     self.metrics.clone(),
                 )
             })
@@ -122,6 +134,7 @@ impl KindCache {
         client: &Client,
         kind: &KindRef,
         namespace: Option<&str>,
+        shard: Option<Buckets>,
         metrics: Arc<Metrics>,
     ) -> (Arc<Self>, JoinHandle<()>) {
         let ar = api_resource(kind);
@@ -137,7 +150,12 @@ impl KindCache {
             synced,
             changes,
         });
-        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let managed = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
+        let labels = match shard {
+            Some(buckets) => buckets.child_label_selector(&managed),
+            None => managed,
+        };
+        let config = watcher::Config::default().labels(&labels);
         let name = kind.to_string();
         let fed = cache.clone();
         let task = tokio::spawn(async move {

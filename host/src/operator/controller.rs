@@ -22,6 +22,8 @@ use super::freshness::OwnWrites;
 use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::reconcile::{self, Context};
+use super::shard::Buckets;
+use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plugin::Plugin;
 
@@ -37,6 +39,8 @@ pub struct ControllerOptions {
     /// Shut while this replica is not (or can no longer prove to be) the leader: every
     /// write of a reconcile asks it first.
     pub fence: WriteFence,
+    /// With `--shards`: watch only the parents of these buckets, and their children.
+    pub shard: Option<Buckets>,
 }
 
 /// A running controller; stopping it aborts its task.
@@ -55,11 +59,14 @@ impl RunningController {
     ) -> Self {
         let info = plugin.info().clone();
         let parent_ar = api_resource(&info.parent);
+        let watch = watch_client(
+            &client,
+            opts.shard.and_then(Buckets::shard_selector),
+            metrics.watch_bytes("parents"),
+        );
         let api = match (&opts.namespace, info.parent.namespaced) {
-            (Some(ns), true) => {
-                Api::<DynamicObject>::namespaced_with(client.clone(), ns, &parent_ar)
-            }
-            _ => Api::<DynamicObject>::all_with(client.clone(), &parent_ar),
+            (Some(ns), true) => Api::<DynamicObject>::namespaced_with(watch, ns, &parent_ar),
+            _ => Api::<DynamicObject>::all_with(watch, &parent_ar),
         };
         let writer = Writer::new(parent_ar.clone());
         let reader = writer.as_reader();

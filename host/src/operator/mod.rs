@@ -9,9 +9,12 @@ mod fake_api;
 mod freshness;
 mod http;
 mod leader;
+mod membership;
 mod metrics;
 mod reconcile;
 mod registry;
+pub mod shard;
+mod watch_client;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,11 +26,14 @@ use kube::Client;
 
 pub use controller::ControllerOptions;
 pub use leader::{LeaderElectionOptions, LeaseLock, WriteFence};
+pub use membership::ShardOptions;
 pub use metrics::{Metrics, PluginState};
 pub use reconcile::FINALIZER;
 pub use registry::{PluginRegistry, RegistryOptions};
 
 use crate::plugin::Sandbox;
+use membership::{Membership, after_renewal, before_renewal};
+use shard::Buckets;
 
 /// Everything `capstan run` needs.
 #[derive(Debug, Clone)]
@@ -38,6 +44,9 @@ pub struct OperatorOptions {
     pub metrics_addr: SocketAddr,
     /// Run controllers only while holding this Lease; none: always.
     pub leader_election: Option<LeaderElectionOptions>,
+    /// Share the parents with the other replicas of a shard group (`--shards`); the
+    /// registry's fence must then be one for leader election, opened by membership.
+    pub shards: Option<ShardOptions>,
 }
 
 /// Runs the operator until `shutdown` resolves, then stops every controller.
@@ -60,6 +69,12 @@ pub async fn run(
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz, /plugins");
     let server = tokio::spawn(http::serve(listener, metrics.clone()));
     tokio::pin!(shutdown);
+    if let Some(shards) = opts.shards {
+        let result = run_sharded(client, sandbox, metrics, opts.registry, shards, shutdown).await;
+        server.abort();
+        return result;
+    }
+    metrics.set_shard_buckets(shard::BUCKETS);
     let lock = opts
         .leader_election
         .map(|le| LeaseLock::new(client.clone(), le, opts.registry.controller.fence.clone()));
@@ -111,4 +126,188 @@ pub async fn run(
     }
     server.abort();
     result
+}
+
+/// A registry serving some buckets, and how to stop it.
+struct ServingRegistry {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ServingRegistry {
+    fn start(
+        client: &Client,
+        sandbox: &Sandbox,
+        metrics: &Arc<Metrics>,
+        opts: &RegistryOptions,
+        buckets: Buckets,
+    ) -> Option<Self> {
+        metrics.set_shard_buckets(buckets.len());
+        metrics.set_leader(!buckets.is_empty());
+        if buckets.is_empty() {
+            return None;
+        }
+        tracing::info!(%buckets, "serving the parents of these buckets");
+        let mut opts = opts.clone();
+        opts.controller.shard = Some(buckets);
+        let registry = PluginRegistry::new(client.clone(), sandbox.clone(), metrics.clone(), opts);
+        let (stop, stop_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(registry.run_until(stop_rx));
+        Some(ServingRegistry { stop, task })
+    }
+
+    /// Stops every controller and waits until they are gone.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// `capstan run --shards`: membership rounds every retry period ([`membership`]); the
+/// registry serves the buckets membership grants, and is restarted with the new set
+/// whenever it changes.
+async fn run_sharded(
+    client: Client,
+    sandbox: Sandbox,
+    metrics: Arc<Metrics>,
+    opts: RegistryOptions,
+    shards: ShardOptions,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> anyhow::Result<()> {
+    probe_sharded_list(&client, &shards.namespace).await?;
+    let fence = opts.controller.fence.clone();
+    let membership = Membership::new(client.clone(), shards, fence);
+    // A replica with no bucket yet is healthy and ready: it just serves nothing.
+    metrics.set_ready();
+    metrics.set_shard_buckets(0);
+    let mut serving = Buckets::NONE;
+    let mut registry: Option<ServingRegistry> = None;
+    let mut rounds: u64 = 0;
+    let result = loop {
+        if registry.as_ref().is_some_and(|r| r.task.is_finished()) {
+            let why = "the plugin registry stopped".to_string();
+            metrics.set_failed("registry", why.clone());
+            break Err(anyhow::anyhow!(why));
+        }
+        let next = membership_round(&membership, serving, &mut registry, |b| {
+            ServingRegistry::start(&client, &sandbox, &metrics, &opts, b)
+        })
+        .await;
+        serving = next;
+        rounds += 1;
+        if rounds % 50 == 0
+            && let Ok(view) = membership.view(membership.options().renew_deadline).await
+        {
+            membership.forget_the_long_gone(&view).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(membership.options().retry_period) => {}
+            _ = &mut shutdown => break Ok(()),
+        }
+    };
+    tracing::info!("shutting down");
+    if let Some(r) = registry.take() {
+        r.stop().await;
+    }
+    if let Err(e) = membership.leave().await {
+        tracing::warn!("cannot delete the membership lease: {e}");
+    }
+    result
+}
+
+/// One membership round; returns the buckets served now. A bucket stops being served
+/// before the renewal that withdraws it, and starts only after the renewal that claims
+/// it and a second look at the others' claims.
+async fn membership_round(
+    membership: &Membership,
+    mut serving: Buckets,
+    registry: &mut Option<ServingRegistry>,
+    start: impl Fn(Buckets) -> Option<ServingRegistry>,
+) -> Buckets {
+    let o = membership.options();
+    let request_timeout = o.retry_period.max(o.renew_deadline / 2);
+    let restart = |registry: &mut Option<ServingRegistry>, buckets: Buckets| {
+        let old = registry.take();
+        let start = &start;
+        async move {
+            if let Some(r) = old {
+                r.stop().await;
+            }
+            start(buckets)
+        }
+    };
+    // A fence that shut (no renewal within the renew deadline) may have let another
+    // member take our buckets: stop everything before a renewal could reopen it.
+    if !membership.fence().is_open() && !serving.is_empty() {
+        tracing::warn!(
+            "no membership renewal within the renew deadline: serving nothing until the buckets are claimed again"
+        );
+        *registry = restart(registry, Buckets::NONE).await;
+        serving = Buckets::NONE;
+    }
+    let view = match membership.view(request_timeout).await {
+        Ok(view) => view,
+        Err(e) => {
+            tracing::warn!("shard membership: {e}");
+            return serving;
+        }
+    };
+    let round = before_renewal(serving, &view);
+    if round.serve != serving {
+        *registry = restart(registry, round.serve).await;
+        serving = round.serve;
+    }
+    let timeout = match membership.fence().deadline() {
+        Some(deadline) if membership.fence().is_open() => {
+            deadline.saturating_duration_since(tokio::time::Instant::now())
+        }
+        _ => request_timeout,
+    };
+    if let Err(e) = membership.renew(round.claim, timeout).await {
+        tracing::warn!("cannot renew the membership lease: {e}");
+        return serving;
+    }
+    if round.claim == serving {
+        return serving;
+    }
+    let second = match membership.view(request_timeout).await {
+        Ok(view) => view,
+        Err(e) => {
+            tracing::warn!("shard membership: {e}");
+            return serving;
+        }
+    };
+    let next = after_renewal(serving, round.claim, &second);
+    if next != serving {
+        tracing::info!(members = ?second.live_members(), "buckets change: {serving} -> {next}");
+        *registry = restart(registry, next).await;
+    }
+    next
+}
+
+/// Refuses `--shards` unless the API server applies `shardSelector`: an API server
+/// without the `ShardedListAndWatch` feature ignores the parameter, and every replica
+/// would then serve every parent. It echoes the selector in `ListMeta.shardInfo`.
+async fn probe_sharded_list(client: &Client, namespace: &str) -> anyhow::Result<()> {
+    let selector = "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')";
+    let probe = watch_client::watch_client(
+        client,
+        Some(selector.to_string()),
+        prometheus_client::metrics::counter::Counter::default(),
+    );
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(probe, namespace);
+    let list = leases
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+        .context("cannot list Leases to check that the API server shards lists")?;
+    let echoed = list.metadata.shard_info.map(|i| i.selector);
+    anyhow::ensure!(
+        echoed.as_deref() == Some(selector),
+        "--shards needs an API server with the ShardedListAndWatch feature gate (Kubernetes 1.36+, alpha): \
+         this one ignored the shardSelector of a LIST (no shardInfo in its answer), so every replica would \
+         serve every parent; enable the gate on kube-apiserver or run with --leader-elect instead"
+    );
+    tracing::info!("the API server shards lists and watches (ShardedListAndWatch)");
+    Ok(())
 }
