@@ -298,7 +298,7 @@ async fn probe_sharded_list(client: &Client, namespace: &str) -> anyhow::Result<
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
         kube::Api::namespaced(probe, namespace);
     let list = leases
-        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .list(&kube::api::ListParams::default().limit(1))
         .await
         .context("cannot list Leases to check that the API server shards lists")?;
     let echoed = list.metadata.shard_info.map(|i| i.selector);
