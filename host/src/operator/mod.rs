@@ -195,7 +195,7 @@ async fn run_sharded(
         .await;
         serving = next;
         rounds += 1;
-        if rounds % 50 == 0
+        if rounds.is_multiple_of(50)
             && let Ok(view) = membership.view(membership.options().renew_deadline).await
         {
             membership.forget_the_long_gone(&view).await;
