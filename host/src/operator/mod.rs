@@ -311,3 +311,59 @@ async fn probe_sharded_list(client: &Client, namespace: &str) -> anyhow::Result<
     tracing::info!("the API server shards lists and watches (ShardedListAndWatch)");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn lease_list(shard_info: Option<&str>) -> serde_json::Value {
+        let mut metadata = json!({"resourceVersion": "7"});
+        if let Some(selector) = shard_info {
+            metadata["shardInfo"] = json!({ "selector": selector });
+        }
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList", "metadata": metadata, "items": []})
+    }
+
+    #[tokio::test]
+    async fn sharded_mode_is_refused_by_an_api_server_that_ignores_the_selector() {
+        // An API server without ShardedListAndWatch answers as if no selector was sent.
+        let (client, calls) = fake_api::client(|_| (200, lease_list(None)));
+        let err = probe_sharded_list(&client, "ns").await.unwrap_err();
+        assert!(
+            err.to_string().contains("ShardedListAndWatch"),
+            "a clear reason: {err}"
+        );
+        let call = &calls.all()[0];
+        assert_eq!(
+            call.path,
+            "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+        );
+        assert!(
+            call.query
+                .contains("shardSelector=shardRange%28object.metadata.uid")
+        );
+    }
+
+    #[tokio::test]
+    async fn sharded_mode_starts_when_the_selector_is_echoed() {
+        let (client, _) = fake_api::client(|call| {
+            let echoed = call.query.contains("shardSelector=").then_some(
+                "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')",
+            );
+            (200, lease_list(echoed))
+        });
+        probe_sharded_list(&client, "ns").await.unwrap();
+        // An echo of another selector is no proof either.
+        let (client, _) = fake_api::client(|_| {
+            (
+                200,
+                lease_list(Some(
+                    "shardRange(object.metadata.uid, '0x0000000000000000', '0x0000000000000001')",
+                )),
+            )
+        });
+        assert!(probe_sharded_list(&client, "ns").await.is_err());
+    }
+}
