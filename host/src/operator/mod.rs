@@ -180,6 +180,28 @@ async fn run_sharded(
     // A replica with no bucket yet is healthy and ready: it just serves nothing.
     metrics.set_ready();
     metrics.set_shard_buckets(0);
+    // Announce this member with an empty claim and let one retry period pass before the
+    // first round: replicas started together (a Deployment's rollout) then see each
+    // other at once, instead of the first one taking every bucket, listing every
+    // parent and handing two thirds back a round later.
+    loop {
+        let o = membership.options();
+        match membership.renew(Buckets::NONE, o.renew_deadline).await {
+            Ok(()) => break,
+            Err(e) => tracing::warn!("cannot create the membership lease: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(o.retry_period) => {}
+            _ = &mut shutdown => return Ok(()),
+        }
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(membership.options().retry_period) => {}
+        _ = &mut shutdown => {
+            let _ = membership.leave().await;
+            return Ok(());
+        }
+    }
     let mut serving = Buckets::NONE;
     let mut registry: Option<ServingRegistry> = None;
     let mut rounds: u64 = 0;
