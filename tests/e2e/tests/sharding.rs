@@ -469,3 +469,95 @@ fn ensure_no_overlap(
     );
     Ok(())
 }
+
+/// A child applied by a version before sharding has no `capstan.dev/shard-bucket`
+/// label, so no sharded child watch would show it, and its parent's reconcile would
+/// take it for absent (a plugin that generates a password when its Secret is absent
+/// would generate a new one). A sharded replica labels the children of its buckets
+/// before its watch starts: from the first reconcile on, the plugin observes them.
+#[tokio::test]
+async fn children_applied_before_sharding_are_labelled_and_observed() {
+    in_test_namespace(
+        "shards-legacy",
+        Duration::from_secs(120),
+        async |client, ns| {
+            let widgets =
+                Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &widget_kind());
+            let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+            let paths = [test_plugin("widget")];
+            let paths: Vec<&std::path::Path> = paths.iter().map(|p| p.as_path()).collect();
+            // An unsharded run makes the children, then they lose the label, as if an
+            // older version had applied them.
+            let op = Operator::start(&ns, &paths, &[]).await;
+            create_all(&client, &ns, 0, 1).await?;
+            converge(&client, &ns, "v1", 1).await?;
+            drop(op);
+            let unlabel = json!({"metadata": {"labels": {"capstan.dev/shard-bucket": null}}});
+            let mut uids = Vec::new();
+            for name in ["w-000-0", "w-000-1"] {
+                let cm = cms
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&unlabel))
+                    .await?;
+                ensure!(!cm.labels().contains_key("capstan.dev/shard-bucket"));
+                uids.push(cm.metadata.uid);
+            }
+            // Every status the widget gets from now on.
+            let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+            let record = seen.clone();
+            let api = widgets.clone();
+            let statuses = tokio::spawn(async move {
+                use kube::runtime::{WatchStreamExt, watcher};
+                let mut events = watcher(api, watcher::Config::default())
+                    .applied_objects()
+                    .boxed();
+                while let Some(Ok(w)) = events.next().await {
+                    if let Some(observed) = w.data.pointer("/status/observedConfigMaps") {
+                        record.lock().unwrap().push(observed.clone());
+                    }
+                }
+            });
+            // A spec change while no replica runs: the first sharded reconcile writes.
+            widgets
+                .patch(
+                    "w-000",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"message": "v2"}})),
+                )
+                .await?;
+            let lease = LEASE_SECONDS.to_string();
+            let args = [
+                "--shards",
+                "--leader-election-namespace",
+                ns.as_str(),
+                "--lease-duration-seconds",
+                &lease,
+            ];
+            let mut replicas = Vec::new();
+            for r in ["a", "b"] {
+                replicas
+                    .push(Operator::start_replica(&format!("{ns}-{r}"), &ns, &paths, &args).await);
+            }
+            converge(&client, &ns, "v2", 1)
+                .await
+                .with_context(|| logs(&replicas))?;
+            for (name, uid) in ["w-000-0", "w-000-1"].iter().zip(&uids) {
+                let cm = cms.get(name).await?;
+                ensure!(
+                    cm.labels().contains_key("capstan.dev/shard-bucket"),
+                    "{name} was not labelled"
+                );
+                ensure!(&cm.metadata.uid == uid, "{name} was replaced");
+            }
+            statuses.abort();
+            let seen = seen.lock().unwrap().clone();
+            println!("observedConfigMaps in each status since: {seen:?}");
+            ensure!(
+                seen.iter().all(|o| *o == json!(["w-000-0", "w-000-1"])),
+                "a reconcile did not observe a child applied before sharding: {seen:?}"
+            );
+            Ok(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
