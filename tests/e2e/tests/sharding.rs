@@ -77,7 +77,7 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
         "8",
     ];
     let t0 = Instant::now();
-    let mut replicas = Vec::new();
+    let mut replicas: Vec<Operator> = Vec::new();
     for r in REPLICAS {
         replicas.push(Operator::start_replica(&format!("{ns}-{r}"), ns, &paths, &args).await);
     }
@@ -188,6 +188,80 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
     );
     let writers = parent_writers(control_plane, ns)?;
     ensure_no_overlap(&writers, Some((&killed, killed_at)))?;
+
+    // Phase 3: replica b comes back in the middle of another spec change of every
+    // Widget; the buckets it is due move to it from a and c, after they let them go.
+    let rejoined_at = Timestamp::now();
+    let rejoin = Instant::now();
+    patch_widgets(&widgets_api, 0..half, "v3").await?;
+    replicas[1].restart().await;
+    patch_widgets(&widgets_api, half..widgets, "v3").await?;
+    let split = wait_for(
+        "the buckets to split among three again",
+        Duration::from_secs(60),
+        || async {
+            let buckets = served_buckets(&replicas).await?;
+            let even = buckets.iter().sum::<u64>() == 64 && buckets.iter().all(|b| *b >= 21);
+            Ok(even.then_some(buckets))
+        },
+    )
+    .await
+    .with_context(|| logs(&replicas))?;
+    println!(
+        "the rejoined replica got its share {:.1?} after its restart began: {split:?}",
+        rejoin.elapsed()
+    );
+    converge(client, ns, "v3", uuids + widgets)
+        .await
+        .with_context(|| logs(&replicas))?;
+    println!(
+        "every parent converged again {:.1?} after the rejoin",
+        rejoin.elapsed()
+    );
+    let since: BTreeMap<String, Vec<(Timestamp, String)>> = parent_writers(control_plane, ns)?
+        .into_iter()
+        .map(|(parent, writes)| {
+            let later = writes
+                .into_iter()
+                .filter(|(at, _)| *at >= rejoined_at)
+                .collect();
+            (parent, later)
+        })
+        .collect();
+    ensure_handed_only_to(&since, &killed)?;
+    Ok(())
+}
+
+/// Since a replica joined, each parent's writes come from one replica, or from one and
+/// then the joiner (with names sorted a < b < c, every bucket that moves goes to b).
+fn ensure_handed_only_to(
+    writers: &BTreeMap<String, Vec<(Timestamp, String)>>,
+    joiner: &str,
+) -> Result<()> {
+    let mut wrong = Vec::new();
+    let mut moved = 0;
+    for (parent, writes) in writers {
+        let mut runs: Vec<&str> = Vec::new();
+        for (_, who) in writes {
+            if runs.last() != Some(&who.as_str()) {
+                runs.push(who);
+            }
+        }
+        match runs.as_slice() {
+            [] | [_] => {}
+            [first, second] if *first != joiner && *second == joiner => moved += 1,
+            _ => wrong.push(format!("{parent}: {runs:?}")),
+        }
+    }
+    println!(
+        "since the rejoin: {moved} parents handed to the joiner, {} written by two replicas at once",
+        wrong.len()
+    );
+    ensure!(
+        wrong.is_empty(),
+        "parents written by more than one replica since the rejoin: {:?}",
+        &wrong[..wrong.len().min(20)]
+    );
     Ok(())
 }
 
