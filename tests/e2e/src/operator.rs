@@ -110,6 +110,23 @@ impl Operator {
         .await
     }
 
+    /// Like [`Operator::start_as`], with more arguments.
+    pub async fn start_as_with(
+        kubeconfig: &Path,
+        namespace: &str,
+        plugins: &[&Path],
+        extra: &[&str],
+    ) -> Operator {
+        Self::start_with(
+            namespace,
+            plugins,
+            extra,
+            Some(kubeconfig.to_path_buf()),
+            None,
+        )
+        .await
+    }
+
     async fn start_with(
         namespace: &str,
         plugins: &[&Path],
