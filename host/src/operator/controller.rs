@@ -22,7 +22,7 @@ use super::freshness::OwnWrites;
 use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::reconcile::{self, Context};
-use super::shard::Buckets;
+use super::shard::{Buckets, bucket_of};
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plugin::Plugin;
@@ -59,6 +59,7 @@ impl RunningController {
     ) -> Self {
         let info = plugin.info().clone();
         let parent_ar = api_resource(&info.parent);
+        let shard = opts.shard;
         let watch = watch_client(
             &client,
             opts.shard.and_then(Buckets::shard_selector),
@@ -79,6 +80,10 @@ impl RunningController {
             writer,
             watcher(api, watcher::Config::default())
                 .default_backoff()
+                // The API server sends only this replica's buckets; should it stop
+                // honouring the selector (restarted without the feature gate, a watch
+                // resumed there), the others' parents still go no further.
+                .try_filter(move |event| std::future::ready(in_shard(shard, event)))
                 // A plugin never sees managedFields; the cache need not keep them.
                 .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
                 .inspect_ok(move |event| match event {
@@ -182,6 +187,19 @@ fn parents_of_changes(
     .boxed()
 }
 
+/// Whether a parent watch event is of a parent in `shard` (always, unsharded). Only
+/// events that carry an object can fall outside.
+fn in_shard(shard: Option<Buckets>, event: &watcher::Event<DynamicObject>) -> bool {
+    let (
+        Some(buckets),
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o),
+    ) = (shard, event)
+    else {
+        return true;
+    };
+    buckets.contains(bucket_of(o.metadata.uid.as_deref().unwrap_or_default()))
+}
+
 /// Reconcile on a new object, a new generation (spec change) or the start of deletion;
 /// status-only changes do not pass, so status writes never trigger reconciles.
 fn spec_or_deletion(obj: &DynamicObject) -> Option<u64> {
@@ -190,4 +208,36 @@ fn spec_or_deletion(obj: &DynamicObject) -> Option<u64> {
     obj.metadata.generation.hash(&mut h);
     obj.metadata.deletion_timestamp.is_some().hash(&mut h);
     Some(h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent(uid: &str) -> DynamicObject {
+        let mut o = DynamicObject::new(
+            "p",
+            &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        );
+        o.metadata.uid = Some(uid.into());
+        o
+    }
+
+    #[test]
+    fn events_of_other_buckets_are_dropped_whatever_the_server_sends() {
+        let uid = "5f362ddd-9692-4340-be0c-be76df9a45cd";
+        let mine = Buckets::NONE.with(bucket_of(uid));
+        let other = Buckets::ALL.minus(mine);
+        for event in [
+            watcher::Event::Apply(parent(uid)),
+            watcher::Event::InitApply(parent(uid)),
+            watcher::Event::Delete(parent(uid)),
+        ] {
+            assert!(in_shard(Some(mine), &event));
+            assert!(!in_shard(Some(other), &event));
+            assert!(in_shard(None, &event), "unsharded: everything");
+        }
+        assert!(in_shard(Some(other), &watcher::Event::Init));
+        assert!(in_shard(Some(other), &watcher::Event::InitDone));
+    }
 }

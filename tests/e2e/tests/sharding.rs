@@ -175,9 +175,12 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
     .with_context(|| logs(&replicas))?;
     let takeover = kill_instant.elapsed();
     println!("the killed replica's range served again {takeover:.1?} after the kill");
+    // The goal is a lease duration plus a resync (300 s); the protocol gives a lease
+    // duration plus up to three retry periods (0.8 s each) and a restart: 2 leases bound
+    // it with room for a loaded machine.
     ensure!(
-        takeover <= Duration::from_secs(LEASE_SECONDS + 4),
-        "takeover took {takeover:?}, more than the lease ({LEASE_SECONDS} s) and a few retry periods"
+        takeover <= Duration::from_secs(2 * LEASE_SECONDS),
+        "takeover took {takeover:?}, more than twice the lease ({LEASE_SECONDS} s)"
     );
     converge(client, ns, "v2", uuids + widgets)
         .await
