@@ -226,6 +226,15 @@ impl Operator {
         }
     }
 
+    /// SIGTERM, and waits until the process has exited (a clean stop, as on a Pod's
+    /// deletion).
+    pub fn terminate(&mut self) {
+        self.signal("TERM");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+
     /// The process id, while the process is ours (not yet killed and reaped).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -231,16 +231,68 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
             (parent, later)
         })
         .collect();
-    ensure_handed_only_to(&since, &killed)?;
+    ensure_handed_only(&since, &[("a", "b"), ("c", "b")], ns)?;
+
+    // Phase 4: replica c stops cleanly (SIGTERM) in the middle of a fourth batch: it
+    // deletes its Lease, so a and b take its buckets at their next round, not a lease
+    // later. With two members b's share moves up: 21-31 go from b to a, 42-63 from c to b.
+    let left_at = Timestamp::now();
+    let leave = Instant::now();
+    patch_widgets(&widgets_api, 0..half, "v4").await?;
+    replicas[2].terminate();
+    let stopped = leave.elapsed();
+    let remaining = [&replicas[0], &replicas[1]];
+    wait_for(
+        "a and b to serve every bucket",
+        Duration::from_secs(30),
+        || async {
+            let mut sum = 0;
+            for op in remaining {
+                sum += op.counter("capstan_shard_buckets").await?;
+            }
+            Ok((sum == 64).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| logs(&replicas))?;
+    let handover = leave.elapsed() - stopped;
+    println!(
+        "after a clean stop ({stopped:.1?}), its buckets were served again {handover:.1?} later"
+    );
+    ensure!(
+        handover < Duration::from_secs(LEASE_SECONDS),
+        "a clean stop was handed over after {handover:?}: the lease was not given up"
+    );
+    patch_widgets(&widgets_api, half..widgets, "v4").await?;
+    converge(client, ns, "v4", uuids + widgets)
+        .await
+        .with_context(|| logs(&replicas))?;
+    let since: BTreeMap<String, Vec<(Timestamp, String)>> = parent_writers(control_plane, ns)?
+        .into_iter()
+        .map(|(parent, writes)| {
+            let later = writes
+                .into_iter()
+                .filter(|(at, _)| *at >= left_at)
+                .collect();
+            (parent, later)
+        })
+        .collect();
+    ensure_handed_only(&since, &[("b", "a"), ("c", "b")], ns)?;
     Ok(())
 }
 
-/// Since a replica joined, each parent's writes come from one replica, or from one and
-/// then the joiner (with names sorted a < b < c, every bucket that moves goes to b).
-fn ensure_handed_only_to(
+/// Since a membership change, each parent's writes come from one replica, or from one
+/// and then another along one of the `moves` (from, to) that the change implies (the
+/// even split of buckets among names sorted a < b < c).
+fn ensure_handed_only(
     writers: &BTreeMap<String, Vec<(Timestamp, String)>>,
-    joiner: &str,
+    moves: &[(&str, &str)],
+    ns: &str,
 ) -> Result<()> {
+    let moves: Vec<(String, String)> = moves
+        .iter()
+        .map(|(from, to)| (format!("{ns}-{from}"), format!("{ns}-{to}")))
+        .collect();
     let mut wrong = Vec::new();
     let mut moved = 0;
     for (parent, writes) in writers {
@@ -252,17 +304,23 @@ fn ensure_handed_only_to(
         }
         match runs.as_slice() {
             [] | [_] => {}
-            [first, second] if *first != joiner && *second == joiner => moved += 1,
+            [first, second]
+                if moves
+                    .iter()
+                    .any(|(from, to)| from.as_str() == *first && to.as_str() == *second) =>
+            {
+                moved += 1
+            }
             _ => wrong.push(format!("{parent}: {runs:?}")),
         }
     }
     println!(
-        "since the rejoin: {moved} parents handed to the joiner, {} written by two replicas at once",
+        "since the membership change: {moved} parents handed over, {} written by two replicas at once",
         wrong.len()
     );
     ensure!(
         wrong.is_empty(),
-        "parents written by more than one replica since the rejoin: {:?}",
+        "parents written by more than one replica since the membership change: {:?}",
         &wrong[..wrong.len().min(20)]
     );
     Ok(())
