@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use capstan::operator::{
-    self, ControllerOptions, LeaderElectionOptions, OperatorOptions, RegistryOptions, WriteFence,
+    self, ControllerOptions, LeaderElectionOptions, OperatorOptions, RegistryOptions, ShardOptions,
+    WriteFence,
 };
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
 use capstan::render;
@@ -122,6 +123,14 @@ struct RunArgs {
     /// Name of the Lease.
     #[arg(long, default_value = "capstan")]
     leader_election_id: String,
+    /// Share the parents with the other replicas of the group: each holds a membership
+    /// Lease (in the leader-election namespace) and watches only its range of parent
+    /// UIDs, through the API server's sharded watch (feature gate ShardedListAndWatch).
+    #[arg(long, conflicts_with = "leader_elect")]
+    shards: bool,
+    /// The shard group: replicas with the same group share the parents.
+    #[arg(long, default_value = "capstan")]
+    shard_group: String,
     /// How long the lease lasts without renewal, in seconds.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
@@ -279,7 +288,8 @@ fn run_operator(args: RunArgs) -> Result<()> {
                     namespace: args.namespace,
                     default_resync: Duration::from_secs(args.resync_seconds.max(1)),
                     concurrency,
-                    fence: if args.leader_elect {
+                    shard: None,
+                    fence: if args.leader_elect || args.shards {
                         WriteFence::for_leader_election()
                     } else {
                         WriteFence::default()
@@ -287,6 +297,17 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 },
             },
             metrics_addr: args.metrics_addr,
+            shards: args.shards.then(|| {
+                ShardOptions::new(
+                    &args
+                        .leader_election_namespace
+                        .clone()
+                        .unwrap_or_else(own_namespace),
+                    &args.shard_group,
+                    &identity,
+                    Duration::from_secs(args.lease_duration_seconds.max(1)),
+                )
+            }),
             leader_election: args.leader_elect.then(|| {
                 LeaderElectionOptions::new(
                     &args

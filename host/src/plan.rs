@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::contract::{Condition, ConditionStatus, Desired, Event, EventType, PluginInfo};
+use crate::operator::shard::{SHARD_BUCKET_LABEL, bucket_of};
 use crate::validate::{self, Violation};
 
 /// Field manager of the host's own writes that belong to no plugin (CRDs).
@@ -168,6 +169,10 @@ fn decorate(info: &PluginInfo, parent: &Value, kind_index: usize, mut manifest: 
     if let Some(labels) = labels.as_object_mut() {
         labels.insert(MANAGED_BY_LABEL.into(), json!(MANAGED_BY));
         labels.insert(PLUGIN_LABEL.into(), json!(info.name));
+        // Sharded replicas watch only the children of their buckets' parents.
+        if let Some(uid) = parent.pointer("/metadata/uid").and_then(Value::as_str) {
+            labels.insert(SHARD_BUCKET_LABEL.into(), json!(bucket_of(uid).to_string()));
+        }
     }
     meta.insert(
         "ownerReferences".into(),
@@ -372,6 +377,10 @@ mod tests {
         assert_eq!(m["metadata"]["namespace"], "ns1");
         assert_eq!(m["metadata"]["labels"][MANAGED_BY_LABEL], "capstan");
         assert_eq!(m["metadata"]["labels"][PLUGIN_LABEL], "widget");
+        assert_eq!(
+            m["metadata"]["labels"][SHARD_BUCKET_LABEL],
+            bucket_of("u-1").to_string()
+        );
         assert_eq!(m["metadata"]["ownerReferences"][0]["uid"], "u-1");
         assert_eq!(m["metadata"]["ownerReferences"][0]["controller"], true);
         assert_eq!(

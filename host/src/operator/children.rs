@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
@@ -26,6 +26,8 @@ use tokio::task::JoinHandle;
 
 use super::cluster::api_resource;
 use super::metrics::Metrics;
+use super::shard::{Buckets, SHARD_BUCKET_LABEL, bucket_of};
+use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plan::{MANAGED_BY, MANAGED_BY_LABEL};
 
@@ -49,6 +51,8 @@ pub struct ControllerRef {
 pub struct ChildCaches {
     client: Client,
     namespace: Option<String>,
+    /// With `--shards`: only the children of these buckets' parents.
+    shard: Option<Buckets>,
     metrics: Arc<Metrics>,
     /// Each cache with the task that feeds it.
     kinds: Mutex<HashMap<String, FedCache>>,
@@ -58,11 +62,18 @@ pub struct ChildCaches {
 type FedCache = (Arc<KindCache>, JoinHandle<()>);
 
 impl ChildCaches {
-    /// No cache yet; `namespace` limits namespaced kinds to one namespace.
-    pub fn new(client: Client, namespace: Option<String>, metrics: Arc<Metrics>) -> Self {
+    /// No cache yet; `namespace` limits namespaced kinds to one namespace, `shard` the
+    /// children to those of its buckets' parents.
+    pub fn new(
+        client: Client,
+        namespace: Option<String>,
+        shard: Option<Buckets>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         ChildCaches {
-            client,
+            client: watch_client(&client, None, metrics.watch_bytes("children")),
             namespace,
+            shard,
             metrics,
             kinds: Mutex::new(HashMap::new()),
         }
@@ -79,6 +90,7 @@ impl ChildCaches {
                     &self.client,
                     kind,
                     self.namespace.as_deref(),
+                    self.shard,
                     self.metrics.clone(),
                 )
             })
@@ -127,6 +139,7 @@ impl KindCache {
         client: &Client,
         kind: &KindRef,
         namespace: Option<&str>,
+        shard: Option<Buckets>,
         metrics: Arc<Metrics>,
     ) -> (Arc<Self>, JoinHandle<()>) {
         let ar = api_resource(kind);
@@ -141,10 +154,19 @@ impl KindCache {
             synced,
             subscribers: Mutex::new(Vec::new()),
         });
-        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let managed = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
+        let labels = match shard {
+            Some(buckets) => buckets.child_label_selector(&managed),
+            None => managed.clone(),
+        };
+        let config = watcher::Config::default().labels(&labels);
         let name = kind.to_string();
         let fed = cache.clone();
+        let legacy = shard.map(|buckets| (format!("{managed},!{SHARD_BUCKET_LABEL}"), buckets));
         let task = tokio::spawn(async move {
+            if let Some((selector, buckets)) = legacy {
+                label_legacy_children(&api, &selector, buckets, &name).await;
+            }
             let mut events = watcher(api, config)
                 .default_backoff()
                 .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
@@ -264,6 +286,52 @@ impl KindCache {
             }
             s.changes.send(owner.clone()).is_ok()
         });
+    }
+}
+
+/// Gives the children of `buckets`' parents that a version before sharding applied
+/// (managed, without [`SHARD_BUCKET_LABEL`]) their bucket label, so that the sharded
+/// watch shows them: else their parent's reconcile would take them for absent. Each
+/// replica labels the children of its own buckets, once, before its watch starts; the
+/// label is a pure function of the controller's UID, so two replicas writing it agree.
+async fn label_legacy_children(
+    api: &Api<DynamicObject>,
+    selector: &str,
+    buckets: Buckets,
+    kind: &str,
+) {
+    let legacy = loop {
+        match api.list(&ListParams::default().labels(selector)).await {
+            Ok(list) => break list.items,
+            Err(e) => {
+                tracing::warn!(%kind, "cannot list the children without a shard label: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    for child in legacy {
+        let Some(uid) = controller_uid(&child) else {
+            continue;
+        };
+        let bucket = bucket_of(&uid);
+        if !buckets.contains(bucket) {
+            continue;
+        }
+        let patch = serde_json::json!({
+            "metadata": { "labels": { SHARD_BUCKET_LABEL: bucket.to_string() } }
+        });
+        let name = child.name_any();
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(%kind, %name, bucket, "labelled a child applied before sharding")
+            }
+            Err(e) => {
+                tracing::warn!(%kind, %name, "cannot label a child applied before sharding: {e}")
+            }
+        }
     }
 }
 

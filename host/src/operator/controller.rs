@@ -22,6 +22,8 @@ use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use super::reconcile::{self, Context};
+use super::shard::{Buckets, bucket_of};
+use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plugin::Plugin;
 
@@ -37,6 +39,8 @@ pub struct ControllerOptions {
     /// Shut while this replica is not (or can no longer prove to be) the leader: every
     /// write of a reconcile asks it first.
     pub fence: WriteFence,
+    /// With `--shards`: watch only the parents of these buckets, and their children.
+    pub shard: Option<Buckets>,
 }
 
 /// A running controller; stopping it aborts its task.
@@ -55,11 +59,15 @@ impl RunningController {
     ) -> Self {
         let info = plugin.info().clone();
         let parent_kind = ParentKind::new(api_resource(&info.parent));
+        let shard = opts.shard;
+        let watch = watch_client(
+            &client,
+            opts.shard.and_then(Buckets::shard_selector),
+            metrics.watch_bytes("parents"),
+        );
         let api = match (&opts.namespace, info.parent.namespaced) {
-            (Some(ns), true) => {
-                Api::<CachedParent>::namespaced_with(client.clone(), ns, &parent_kind)
-            }
-            _ => Api::<CachedParent>::all_with(client.clone(), &parent_kind),
+            (Some(ns), true) => Api::<CachedParent>::namespaced_with(watch, ns, &parent_kind),
+            _ => Api::<CachedParent>::all_with(watch, &parent_kind),
         };
         let writer = Writer::new(parent_kind.clone());
         let reader = writer.as_reader();
@@ -73,6 +81,10 @@ impl RunningController {
             // CachedParent drops the managedFields: a plugin never sees them.
             watcher(api, watcher::Config::default())
                 .default_backoff()
+                // The API server sends only this replica's buckets; should it stop
+                // honouring the selector (restarted without the feature gate, a watch
+                // resumed there), the others' parents still go no further.
+                .try_filter(move |event| std::future::ready(in_shard(shard, event)))
                 .inspect_ok(move |event| match event {
                     watcher::Event::Apply(o) | watcher::Event::InitApply(o) => delivered.seen(o),
                     watcher::Event::Delete(o) => {
@@ -161,6 +173,19 @@ fn tokio_stream_of<T: Send + 'static>(
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
 }
 
+/// Whether a parent watch event is of a parent in `shard` (always, unsharded). Only
+/// events that carry an object can fall outside.
+fn in_shard(shard: Option<Buckets>, event: &watcher::Event<CachedParent>) -> bool {
+    let (
+        Some(buckets),
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o),
+    ) = (shard, event)
+    else {
+        return true;
+    };
+    buckets.contains(bucket_of(o.meta().uid.as_deref().unwrap_or_default()))
+}
+
 /// Reconcile on a new object, a new generation (spec change) or the start of deletion;
 /// status-only changes do not pass, so status writes never trigger reconciles.
 fn spec_or_deletion(obj: &CachedParent) -> Option<u64> {
@@ -170,4 +195,38 @@ fn spec_or_deletion(obj: &CachedParent) -> Option<u64> {
     obj.generation.hash(&mut h);
     obj.deletion_timestamp.is_some().hash(&mut h);
     Some(h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use kube::api::{ApiResource, DynamicObject};
+
+    fn parent(uid: &str) -> CachedParent {
+        let mut o = DynamicObject::new(
+            "p",
+            &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        );
+        o.metadata.uid = Some(uid.into());
+        CachedParent::new(o)
+    }
+
+    #[test]
+    fn events_of_other_buckets_are_dropped_whatever_the_server_sends() {
+        let uid = "5f362ddd-9692-4340-be0c-be76df9a45cd";
+        let mine = Buckets::NONE.with(bucket_of(uid));
+        let other = Buckets::ALL.minus(mine);
+        for event in [
+            watcher::Event::Apply(parent(uid)),
+            watcher::Event::InitApply(parent(uid)),
+            watcher::Event::Delete(parent(uid)),
+        ] {
+            assert!(in_shard(Some(mine), &event));
+            assert!(!in_shard(Some(other), &event));
+            assert!(in_shard(None, &event), "unsharded: everything");
+        }
+        assert!(in_shard(Some(other), &watcher::Event::Init));
+        assert!(in_shard(Some(other), &watcher::Event::InitDone));
+    }
 }

@@ -87,14 +87,14 @@ impl WriteFence {
     }
 
     /// Records a successful renewal that started at `started`.
-    fn renewed(&self, started: Instant, renew_deadline: Duration) {
+    pub(super) fn renewed(&self, started: Instant, renew_deadline: Duration) {
         if let Some(until) = &self.until {
             *until.lock().expect("fence lock") = started + renew_deadline;
         }
     }
 
     /// The instant the fence shuts, if it can.
-    fn deadline(&self) -> Option<Instant> {
+    pub(super) fn deadline(&self) -> Option<Instant> {
         self.until
             .as_ref()
             .map(|until| *until.lock().expect("fence lock"))

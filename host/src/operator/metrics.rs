@@ -87,6 +87,12 @@ struct WatchError {
     code: String,
 }
 
+/// Labels of the watch traffic series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchLabel {
+    watch: String,
+}
+
 /// The operator's metrics (a Prometheus registry), its health and its plugin files.
 pub struct Metrics {
     registry: Registry,
@@ -98,6 +104,8 @@ pub struct Metrics {
     watch_errors: Family<WatchError, Counter>,
     plugins_serving: Gauge,
     leader_gauge: Gauge,
+    watch_bytes: Family<WatchLabel, Counter>,
+    shard_buckets: Gauge,
     plugins: Mutex<BTreeMap<String, PluginState>>,
     ready: AtomicBool,
     /// Parts of the host that stopped and will not come back by themselves.
@@ -169,6 +177,18 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease (always without leader election)",
             leader_gauge.clone(),
         );
+        let watch_bytes = Family::<WatchLabel, Counter>::default();
+        registry.register(
+            "capstan_watch_bytes",
+            "Bytes received by the LISTs and WATCHes of the parents and of the children",
+            watch_bytes.clone(),
+        );
+        let shard_buckets = Gauge::default();
+        registry.register(
+            "capstan_shard_buckets",
+            "Hash buckets (of 64) whose parents this replica serves (64 without --shards)",
+            shard_buckets.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -179,6 +199,8 @@ impl Default for Metrics {
             watch_errors,
             plugins_serving,
             leader_gauge,
+            watch_bytes,
+            shard_buckets,
             plugins: Mutex::default(),
             ready: AtomicBool::new(false),
             failed: Mutex::default(),
@@ -296,6 +318,20 @@ impl Metrics {
     /// Records whether this replica holds the leader lease (always, without election).
     pub fn set_leader(&self, leader: bool) {
         self.leader_gauge.set(i64::from(leader));
+    }
+
+    /// The counter of bytes received by the `watch` watches ("parents" or "children").
+    pub fn watch_bytes(&self, watch: &str) -> Counter {
+        self.watch_bytes
+            .get_or_create(&WatchLabel {
+                watch: watch.into(),
+            })
+            .clone()
+    }
+
+    /// Records how many hash buckets this replica serves.
+    pub fn set_shard_buckets(&self, buckets: u32) {
+        self.shard_buckets.set(i64::from(buckets));
     }
 
     /// The OpenMetrics text exposition.

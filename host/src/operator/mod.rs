@@ -9,10 +9,13 @@ mod fake_api;
 mod freshness;
 mod http;
 mod leader;
+mod membership;
 mod metrics;
 mod parent;
 mod reconcile;
 mod registry;
+pub mod shard;
+mod watch_client;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,11 +27,14 @@ use kube::Client;
 
 pub use controller::ControllerOptions;
 pub use leader::{LeaderElectionOptions, LeaseLock, WriteFence};
+pub use membership::ShardOptions;
 pub use metrics::{Metrics, PluginState};
 pub use reconcile::FINALIZER;
 pub use registry::{PluginRegistry, RegistryOptions};
 
 use crate::plugin::Sandbox;
+use membership::{Membership, after_renewal, before_renewal};
+use shard::Buckets;
 
 /// Everything `capstan run` needs.
 #[derive(Debug, Clone)]
@@ -39,6 +45,9 @@ pub struct OperatorOptions {
     pub metrics_addr: SocketAddr,
     /// Run controllers only while holding this Lease; none: always.
     pub leader_election: Option<LeaderElectionOptions>,
+    /// Share the parents with the other replicas of a shard group (`--shards`); the
+    /// registry's fence must then be one for leader election, opened by membership.
+    pub shards: Option<ShardOptions>,
 }
 
 /// Runs the operator until `shutdown` resolves, then stops every controller.
@@ -61,6 +70,12 @@ pub async fn run(
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz, /plugins");
     let server = tokio::spawn(http::serve(listener, metrics.clone()));
     tokio::pin!(shutdown);
+    if let Some(shards) = opts.shards {
+        let result = run_sharded(client, sandbox, metrics, opts.registry, shards, shutdown).await;
+        server.abort();
+        return result;
+    }
+    metrics.set_shard_buckets(shard::BUCKETS);
     let lock = opts
         .leader_election
         .map(|le| LeaseLock::new(client.clone(), le, opts.registry.controller.fence.clone()));
@@ -112,4 +127,266 @@ pub async fn run(
     }
     server.abort();
     result
+}
+
+/// A registry serving some buckets, and how to stop it.
+struct ServingRegistry {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ServingRegistry {
+    fn start(
+        client: &Client,
+        sandbox: &Sandbox,
+        metrics: &Arc<Metrics>,
+        opts: &RegistryOptions,
+        buckets: Buckets,
+    ) -> Option<Self> {
+        metrics.set_shard_buckets(buckets.len());
+        metrics.set_leader(!buckets.is_empty());
+        if buckets.is_empty() {
+            return None;
+        }
+        tracing::info!(%buckets, "serving the parents of these buckets");
+        let mut opts = opts.clone();
+        opts.controller.shard = Some(buckets);
+        let registry = PluginRegistry::new(client.clone(), sandbox.clone(), metrics.clone(), opts);
+        let (stop, stop_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(registry.run_until(stop_rx));
+        Some(ServingRegistry { stop, task })
+    }
+
+    /// Stops every controller and waits until they are gone.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// `capstan run --shards`: membership rounds every retry period ([`membership`]); the
+/// registry serves the buckets membership grants, and is restarted with the new set
+/// whenever it changes.
+async fn run_sharded(
+    client: Client,
+    sandbox: Sandbox,
+    metrics: Arc<Metrics>,
+    opts: RegistryOptions,
+    shards: ShardOptions,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> anyhow::Result<()> {
+    probe_sharded_list(&client, &shards.namespace).await?;
+    let fence = opts.controller.fence.clone();
+    let membership = Membership::new(client.clone(), shards, fence);
+    // A replica with no bucket yet is healthy and ready: it just serves nothing.
+    metrics.set_ready();
+    metrics.set_shard_buckets(0);
+    // Announce this member with an empty claim and let one retry period pass before the
+    // first round: replicas started together (a Deployment's rollout) then see each
+    // other at once, instead of the first one taking every bucket, listing every
+    // parent and handing two thirds back a round later.
+    loop {
+        let o = membership.options();
+        match membership.renew(Buckets::NONE, o.renew_deadline).await {
+            Ok(()) => break,
+            Err(e) => tracing::warn!("cannot create the membership lease: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(o.retry_period) => {}
+            _ = &mut shutdown => return Ok(()),
+        }
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(membership.options().retry_period) => {}
+        _ = &mut shutdown => {
+            let _ = membership.leave().await;
+            return Ok(());
+        }
+    }
+    let mut serving = Buckets::NONE;
+    let mut registry: Option<ServingRegistry> = None;
+    let mut rounds: u64 = 0;
+    let result = loop {
+        if registry.as_ref().is_some_and(|r| r.task.is_finished()) {
+            let why = "the plugin registry stopped".to_string();
+            metrics.set_failed("registry", why.clone());
+            break Err(anyhow::anyhow!(why));
+        }
+        let next = membership_round(&membership, serving, &mut registry, |b| {
+            ServingRegistry::start(&client, &sandbox, &metrics, &opts, b)
+        })
+        .await;
+        serving = next;
+        rounds += 1;
+        if rounds.is_multiple_of(50)
+            && let Ok(view) = membership.view(membership.options().renew_deadline).await
+        {
+            membership.forget_the_long_gone(&view).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(membership.options().retry_period) => {}
+            _ = &mut shutdown => break Ok(()),
+        }
+    };
+    tracing::info!("shutting down");
+    if let Some(r) = registry.take() {
+        r.stop().await;
+    }
+    if let Err(e) = membership.leave().await {
+        tracing::warn!("cannot delete the membership lease: {e}");
+    }
+    result
+}
+
+/// One membership round; returns the buckets served now. A bucket stops being served
+/// before the renewal that withdraws it, and starts only after the renewal that claims
+/// it and a second look at the others' claims.
+async fn membership_round(
+    membership: &Membership,
+    mut serving: Buckets,
+    registry: &mut Option<ServingRegistry>,
+    start: impl Fn(Buckets) -> Option<ServingRegistry>,
+) -> Buckets {
+    let o = membership.options();
+    let request_timeout = o.retry_period.max(o.renew_deadline / 2);
+    let restart = |registry: &mut Option<ServingRegistry>, buckets: Buckets| {
+        let old = registry.take();
+        let start = &start;
+        async move {
+            if let Some(r) = old {
+                r.stop().await;
+            }
+            start(buckets)
+        }
+    };
+    // A fence that shut (no renewal within the renew deadline) may have let another
+    // member take our buckets: stop everything before a renewal could reopen it.
+    if !membership.fence().is_open() && !serving.is_empty() {
+        tracing::warn!(
+            "no membership renewal within the renew deadline: serving nothing until the buckets are claimed again"
+        );
+        *registry = restart(registry, Buckets::NONE).await;
+        serving = Buckets::NONE;
+    }
+    let view = match membership.view(request_timeout).await {
+        Ok(view) => view,
+        Err(e) => {
+            tracing::warn!("shard membership: {e}");
+            return serving;
+        }
+    };
+    let round = before_renewal(serving, &view);
+    if round.serve != serving {
+        *registry = restart(registry, round.serve).await;
+        serving = round.serve;
+    }
+    let timeout = match membership.fence().deadline() {
+        Some(deadline) if membership.fence().is_open() => {
+            deadline.saturating_duration_since(tokio::time::Instant::now())
+        }
+        _ => request_timeout,
+    };
+    if let Err(e) = membership.renew(round.claim, timeout).await {
+        tracing::warn!("cannot renew the membership lease: {e}");
+        return serving;
+    }
+    if round.claim == serving {
+        return serving;
+    }
+    let second = match membership.view(request_timeout).await {
+        Ok(view) => view,
+        Err(e) => {
+            tracing::warn!("shard membership: {e}");
+            return serving;
+        }
+    };
+    let next = after_renewal(serving, round.claim, &second);
+    if next != serving {
+        tracing::info!(members = ?second.live_members(), "buckets change: {serving} -> {next}");
+        *registry = restart(registry, next).await;
+    }
+    next
+}
+
+/// Refuses `--shards` unless the API server applies `shardSelector`: an API server
+/// without the `ShardedListAndWatch` feature ignores the parameter, and every replica
+/// would then serve every parent. It echoes the selector in `ListMeta.shardInfo`.
+async fn probe_sharded_list(client: &Client, namespace: &str) -> anyhow::Result<()> {
+    let selector = "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')";
+    let probe = watch_client::watch_client(
+        client,
+        Some(selector.to_string()),
+        prometheus_client::metrics::counter::Counter::default(),
+    );
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(probe, namespace);
+    let list = leases
+        .list(&kube::api::ListParams::default().limit(1))
+        .await
+        .context("cannot list Leases to check that the API server shards lists")?;
+    let echoed = list.metadata.shard_info.map(|i| i.selector);
+    anyhow::ensure!(
+        echoed.as_deref() == Some(selector),
+        "--shards needs an API server with the ShardedListAndWatch feature gate (Kubernetes 1.36+, alpha): \
+         this one ignored the shardSelector of a LIST (no shardInfo in its answer), so every replica would \
+         serve every parent; enable the gate on kube-apiserver or run with --leader-elect instead"
+    );
+    tracing::info!("the API server shards lists and watches (ShardedListAndWatch)");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn lease_list(shard_info: Option<&str>) -> serde_json::Value {
+        let mut metadata = json!({"resourceVersion": "7"});
+        if let Some(selector) = shard_info {
+            metadata["shardInfo"] = json!({ "selector": selector });
+        }
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList", "metadata": metadata, "items": []})
+    }
+
+    #[tokio::test]
+    async fn sharded_mode_is_refused_by_an_api_server_that_ignores_the_selector() {
+        // An API server without ShardedListAndWatch answers as if no selector was sent.
+        let (client, calls) = fake_api::client(|_| (200, lease_list(None)));
+        let err = probe_sharded_list(&client, "ns").await.unwrap_err();
+        assert!(
+            err.to_string().contains("ShardedListAndWatch"),
+            "a clear reason: {err}"
+        );
+        let call = &calls.all()[0];
+        assert_eq!(
+            call.path,
+            "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+        );
+        assert!(
+            call.query
+                .contains("shardSelector=shardRange%28object.metadata.uid")
+        );
+    }
+
+    #[tokio::test]
+    async fn sharded_mode_starts_when_the_selector_is_echoed() {
+        let (client, _) = fake_api::client(|call| {
+            let echoed = call.query.contains("shardSelector=").then_some(
+                "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')",
+            );
+            (200, lease_list(echoed))
+        });
+        probe_sharded_list(&client, "ns").await.unwrap();
+        // An echo of another selector is no proof either.
+        let (client, _) = fake_api::client(|_| {
+            (
+                200,
+                lease_list(Some(
+                    "shardRange(object.metadata.uid, '0x0000000000000000', '0x0000000000000001')",
+                )),
+            )
+        });
+        assert!(probe_sharded_list(&client, "ns").await.is_err());
+    }
 }

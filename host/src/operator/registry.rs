@@ -94,6 +94,7 @@ impl PluginRegistry {
             caches: ChildCaches::new(
                 client.clone(),
                 opts.controller.namespace.clone(),
+                opts.controller.shard,
                 metrics.clone(),
             ),
             client,

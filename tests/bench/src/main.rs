@@ -29,7 +29,7 @@ struct Args {
     /// converges.
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (restart, uuid, widget, memory, hot-reload).
+    /// Run only these scenarios (restart, uuid, widget, memory, hot-reload, shards).
     #[arg(long = "only", value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -62,6 +62,7 @@ async fn main() -> anyhow::Result<()> {
                 "widget" => bench.widget().await?,
                 "memory" => bench.memory().await?,
                 "hot-reload" => bench.hot_reload().await?,
+                "shards" => bench.shards().await?,
                 other => anyhow::bail!("unknown scenario {other:?}"),
             }
         }

@@ -35,6 +35,10 @@ pub struct CapstanRun<'a> {
     pub poll_interval_ms: Option<u64>,
     /// Where its log goes.
     pub log: &'a Path,
+    /// More arguments (e.g. `--shards`).
+    pub extra: &'a [String],
+    /// `POD_NAME`: its identity as a replica, if not capstan's default.
+    pub identity: Option<&'a str>,
 }
 
 impl Operator {
@@ -52,6 +56,10 @@ impl Operator {
             .env_remove("CAPSTAN_LOG");
         if let Some(ms) = run.poll_interval_ms {
             cmd.args(["--poll-interval-ms", &ms.to_string()]);
+        }
+        cmd.args(run.extra);
+        if let Some(identity) = run.identity {
+            cmd.env("POD_NAME", identity);
         }
         Self::spawn(cmd, run.log, Some(port))
     }

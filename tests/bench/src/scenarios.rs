@@ -39,6 +39,8 @@ struct Sizes {
     widgets: &'static [usize],
     memory: (usize, usize),
     reload_trials: usize,
+    /// (Uuids, Widgets) of the sharding scenario.
+    shards: (usize, usize),
 }
 
 const FULL: Sizes = Sizes {
@@ -46,6 +48,7 @@ const FULL: Sizes = Sizes {
     widgets: &[500, 1000, 2000],
     memory: (5000, 1000),
     reload_trials: 3,
+    shards: (3000, 300),
 };
 
 const QUICK: Sizes = Sizes {
@@ -53,6 +56,7 @@ const QUICK: Sizes = Sizes {
     widgets: &[30, 60],
     memory: (50, 30),
     reload_trials: 1,
+    shards: (60, 15),
 };
 
 /// How long the namespace of a finished measurement may take to go away.
@@ -95,7 +99,8 @@ impl Bench {
         self.uuid().await?;
         self.widget().await?;
         self.memory().await?;
-        self.hot_reload().await
+        self.hot_reload().await?;
+        self.shards().await
     }
 
     fn converge_timeout(&self, n: usize) -> Duration {
@@ -144,6 +149,186 @@ impl Bench {
             cache_dir: &self.cache,
             poll_interval_ms: poll,
             log: &self.log(name),
+            extra: &[],
+            identity: None,
+        })
+    }
+
+    /// Sharding: the same Uuid and Widget parents served by one unsharded replica, then
+    /// by three with `--shards`; convergence, and per replica CPU, peak memory, reconciles
+    /// and watch bytes (what sharding divides; the API server bounds the throughput).
+    pub async fn shards(&self) -> Result<()> {
+        let load = procfs::load_average();
+        let (uuids, widgets) = self.sizes.shards;
+        let mut results = Vec::new();
+        for replicas in [1usize, 3] {
+            results.push(self.shards_once(uuids, widgets, replicas).await?);
+        }
+        let mut table = Table::new(
+            &format!(
+                "Sharding: {uuids} Uuids + {widgets} Widgets, 1 unsharded replica vs 3 with --shards"
+            ),
+            &[
+                "replicas",
+                "all buckets served",
+                "converged",
+                "parents/s",
+                "replica",
+                "CPU",
+                "peak RSS",
+                "reconciles",
+                "parent watch",
+                "child watch",
+                "API server CPU",
+            ],
+        );
+        for r in &results {
+            for (i, p) in r.per_replica.iter().enumerate() {
+                let first = i == 0;
+                let once = |text: String| if first { text } else { String::new() };
+                table.row(vec![
+                    once(r.replicas.to_string()),
+                    once(secs(r.split_seconds)),
+                    once(secs(r.converge_seconds)),
+                    once(format!(
+                        "{:.0}",
+                        (uuids + widgets) as f64 / r.converge_seconds
+                    )),
+                    p.identity.clone(),
+                    secs(p.cpu_seconds),
+                    mib(p.peak_rss_mib),
+                    p.reconciles.to_string(),
+                    format!("{:.2} MiB", p.parent_watch_bytes as f64 / 1048576.0),
+                    format!("{:.2} MiB", p.child_watch_bytes as f64 / 1048576.0),
+                    once(secs(r.apiserver_cpu_seconds)),
+                ]);
+            }
+        }
+        table.print();
+        report::write_json(&self.cfg.out, "shards", self.cfg.quick, load, &results)
+    }
+
+    async fn shards_once(&self, uuids: usize, widgets: usize, replicas: usize) -> Result<Sharded> {
+        let ns = BenchNamespace::create(&self.client, &format!("shards-{replicas}")).await?;
+        let (uuid_kind, widget_kind) = (objects::uuid_kind(), objects::widget_kind());
+        objects::create_parents(&ns.api(&uuid_kind), &uuid_kind, "u", uuids, &json!({})).await?;
+        objects::create_parents(
+            &ns.api(&widget_kind),
+            &widget_kind,
+            "w",
+            widgets,
+            &json!({"count": 2}),
+        )
+        .await?;
+        let mut uuids_done = Converged::watch(ns.api(&uuid_kind), objects::has_uuid).await?;
+        let mut widgets_done =
+            Converged::watch(ns.api(&widget_kind), objects::widget_settled).await?;
+        let dir = self.plugin_dir(
+            &format!("shards-{replicas}"),
+            &[&self.uuid_wasm(), &self.widget_wasm()],
+        )?;
+        let extra: Vec<String> = if replicas > 1 {
+            ["--shards", "--leader-election-namespace", &ns.name]
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let identities: Vec<String> = (0..replicas).map(|i| format!("replica-{i}")).collect();
+        let logs: Vec<PathBuf> = identities
+            .iter()
+            .map(|id| self.log(&format!("shards-{replicas}-{id}")))
+            .collect();
+        let mut ops = Vec::new();
+        for (id, log) in identities.iter().zip(&logs) {
+            ops.push(Operator::capstan(&CapstanRun {
+                bin: &self.cfg.capstan,
+                plugins: &dir,
+                namespace: &ns.name,
+                cache_dir: &self.cache,
+                poll_interval_ms: None,
+                log,
+                extra: &extra,
+                identity: Some(id),
+            })?);
+        }
+        // Timed from when every replica serves its share, so that the figure is the
+        // work, not the membership rounds of a cold start.
+        for op in &mut ops {
+            op.ready(Duration::from_secs(60)).await?;
+        }
+        let alive = |ops: &mut Vec<Operator>| ops.iter_mut().try_for_each(Operator::alive);
+        let started = Instant::now();
+        let before = self.control_plane.usage();
+        let timeout = self.converge_timeout(uuids + 3 * widgets);
+        // When the replicas together serve all 64 buckets (membership rounds).
+        let split_seconds = loop {
+            let mut served = 0.0;
+            for op in &ops {
+                served += op
+                    .metrics()
+                    .await?
+                    .lines()
+                    .find_map(|l| {
+                        l.strip_prefix("capstan_shard_buckets ")?
+                            .parse::<f64>()
+                            .ok()
+                    })
+                    .unwrap_or(0.0);
+            }
+            if served >= 64.0 {
+                break started.elapsed().as_secs_f64();
+            }
+            alive(&mut ops)?;
+            if started.elapsed() > timeout {
+                return Err(Error::Setup(
+                    "the replicas never served all 64 buckets".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        uuids_done
+            .wait_for(uuids, timeout, || alive(&mut ops))
+            .await?;
+        widgets_done
+            .wait_for(widgets, timeout, || alive(&mut ops))
+            .await?;
+        let converge_seconds = started.elapsed().as_secs_f64();
+        let after = self.control_plane.usage();
+        let mut per_replica = Vec::new();
+        for (op, id) in ops.iter().zip(&identities) {
+            let metrics = op.metrics().await?;
+            let value = |series: &str| -> u64 {
+                metrics
+                    .lines()
+                    .filter(|l| l.starts_with(series))
+                    .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                    .sum::<f64>() as u64
+            };
+            let usage = op.usage();
+            per_replica.push(ShardReplica {
+                identity: id.clone(),
+                cpu_seconds: usage.cpu_seconds,
+                peak_rss_mib: usage.peak_rss_mib,
+                reconciles: value("capstan_reconciles_total{"),
+                parent_watch_bytes: value("capstan_watch_bytes_total{watch=\"parents\"}"),
+                child_watch_bytes: value("capstan_watch_bytes_total{watch=\"children\"}"),
+            });
+        }
+        for op in &mut ops {
+            op.kill();
+        }
+        ns.delete(CLEANUP).await?;
+        Ok(Sharded {
+            replicas,
+            uuids,
+            widgets,
+            converge_seconds,
+            split_seconds,
+            apiserver_cpu_seconds: after.0 - before.0,
+            etcd_cpu_seconds: after.1 - before.1,
+            per_replica,
         })
     }
 
@@ -618,6 +803,31 @@ struct Memory {
     /// Peak resident memory (VmHWM).
     peak_rss_mib: f64,
     cpu_seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Sharded {
+    replicas: usize,
+    uuids: usize,
+    widgets: usize,
+    /// From every replica ready until every parent converged.
+    converge_seconds: f64,
+    /// From every replica ready until they served all 64 buckets together.
+    split_seconds: f64,
+    apiserver_cpu_seconds: f64,
+    etcd_cpu_seconds: f64,
+    per_replica: Vec<ShardReplica>,
+}
+
+#[derive(Debug, Serialize)]
+struct ShardReplica {
+    identity: String,
+    /// CPU of the whole process, start included.
+    cpu_seconds: f64,
+    peak_rss_mib: f64,
+    reconciles: u64,
+    parent_watch_bytes: u64,
+    child_watch_bytes: u64,
 }
 
 #[derive(Debug, Serialize)]

@@ -110,6 +110,23 @@ impl Operator {
         .await
     }
 
+    /// Like [`Operator::start_as`], with more arguments.
+    pub async fn start_as_with(
+        kubeconfig: &Path,
+        namespace: &str,
+        plugins: &[&Path],
+        extra: &[&str],
+    ) -> Operator {
+        Self::start_with(
+            namespace,
+            plugins,
+            extra,
+            Some(kubeconfig.to_path_buf()),
+            None,
+        )
+        .await
+    }
+
     async fn start_with(
         namespace: &str,
         plugins: &[&Path],
@@ -205,6 +222,15 @@ impl Operator {
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, and waits until the process has exited (a clean stop, as on a Pod's
+    /// deletion).
+    pub fn terminate(&mut self) {
+        self.signal("TERM");
+        if let Some(mut child) = self.child.take() {
             let _ = child.wait();
         }
     }

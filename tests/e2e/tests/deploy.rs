@@ -157,4 +157,67 @@ async fn deploy_manifests_run_and_their_role_is_enough_and_no_more() {
         .await
         .unwrap_err();
     assert!(is_forbidden(&err), "{err}");
+    drop(op);
+
+    // The sharded variant: three replicas with --shards, and the Lease rights that
+    // membership needs, which are enough for `capstan run --shards` as that identity.
+    kubectl(&[
+        "apply",
+        "-k",
+        &root().join("deploy/sharded").to_string_lossy(),
+    ]);
+    wait_for("the sharded Deployment to be available", T, || {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get("capstan").await?;
+            let args = d
+                .spec
+                .template
+                .spec
+                .as_ref()
+                .and_then(|p| p.containers[0].args.clone())
+                .unwrap_or_default();
+            let sharded =
+                args.iter().any(|a| a == "--shards") && !args.iter().any(|a| a == "--leader-elect");
+            let available = d.status.and_then(|s| s.available_replicas) == Some(3);
+            Ok((sharded && available).then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    let sharded = Operator::start_as_with(
+        &path,
+        &ns.name,
+        &[&plugin("uuid")],
+        &[
+            "--shards",
+            "--leader-election-namespace",
+            "capstan-system",
+            "--shard-group",
+            "e2e-deploy",
+        ],
+    )
+    .await;
+    let second: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "demo.operator/v1", "kind": "Uuid", "metadata": {"name": "u2"}}),
+    )
+    .unwrap();
+    uuids.create(&PostParams::default(), &second).await.unwrap();
+    wait_for("a Uuid reconciled by the sharded replica", T, || {
+        let uuids = uuids.clone();
+        async move {
+            let u = uuids.get("u2").await?;
+            Ok(u.data.pointer("/status/uuid").is_some().then_some(()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", sharded.log_tail()));
+    assert!(
+        !sharded.log().contains("Forbidden"),
+        "no request of the sharded replica was refused:\n{}",
+        sharded.log_tail()
+    );
+    drop(sharded);
+    // Back to the base, as other tests and reruns expect it.
+    kubectl(&["apply", "-k", &root().join("deploy").to_string_lossy()]);
 }

@@ -86,6 +86,9 @@ pub fn apiserver(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
         // validation rejects (loopback); and no pod here could dial it anyway.
         "--endpoint-reconciler-type=none".to_owned(),
         "--profiling=false".to_owned(),
+        // Server-side sharded LIST/WATCH (KEP-5866, alpha since 1.36) for `capstan run
+        // --shards`: a `shardSelector` is honoured and echoed in `ListMeta.shardInfo`.
+        "--feature-gates=ShardedListAndWatch=true".to_owned(),
         format!("--audit-policy-file={}", state.audit_policy().display()),
         format!("--audit-log-path={}", state.audit_log().display()),
         "--audit-log-format=json".to_owned(),
