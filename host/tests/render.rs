@@ -3,7 +3,9 @@
 
 mod common;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use capstan::contract::Observed;
 use capstan::plugin::{CallError, Sandbox, SandboxConfig};
@@ -481,6 +483,97 @@ fn a_plugin_that_sleeps_or_polls_is_stopped_at_its_deadline_not_when_it_wakes() 
     assert_eq!(
         plugin.reconcile(&observed).unwrap().unwrap().children.len(),
         1
+    );
+}
+
+#[test]
+fn busy_plugins_called_from_the_operator_do_not_hold_its_threads() {
+    // Async calls start on the caller's thread and move to the sandbox's runtime when
+    // the guest is still running at an epoch tick (10 ms); a plugin whose last call ran
+    // that long starts on the sandbox's runtime. Eight guests spinning until their
+    // deadline, twice over, must leave the caller's only worker free for a ticker (as
+    // the watches and the lease renewal would be) in the second round. Run on that
+    // worker, the guests would take it in turns of one tick each: ~80 ms between ticks.
+    let deadline = Duration::from_millis(500);
+    let plugin = Sandbox::new(SandboxConfig {
+        deadline,
+        ..SandboxConfig::default()
+    })
+    .unwrap()
+    .load_file(&test_plugin("widget"))
+    .unwrap();
+    let operator = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let observed = |mode: &str| Observed {
+        parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {"mode": mode, "count": 1}}),
+        children: vec![],
+    };
+    let worst_gap = Arc::new(AtomicU64::new(0));
+    let gap = worst_gap.clone();
+    let (rounds, after) = operator.block_on(async move {
+        let mut rounds = Vec::new();
+        let mut ticker = None;
+        for round in 0..2 {
+            if round == 1 {
+                let gap = gap.clone();
+                ticker = Some(tokio::spawn(async move {
+                    let mut last = Instant::now();
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        gap.fetch_max(last.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        last = Instant::now();
+                    }
+                }));
+            }
+            let calls: Vec<_> = (0..8)
+                .map(|_| {
+                    let plugin = plugin.clone();
+                    let observed = observed("loop");
+                    tokio::spawn(async move {
+                        let started = Instant::now();
+                        let result = plugin.reconcile_async(&observed).await;
+                        (
+                            result.map(|r| r.map(|d| d.children.len())),
+                            started.elapsed(),
+                        )
+                    })
+                })
+                .collect();
+            rounds.push(futures::future::join_all(calls).await);
+        }
+        // A tick after the last call, so that a stall during it counts.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        ticker.expect("started").abort();
+        let after = plugin.reconcile_async(&observed("")).await;
+        (rounds, after.map(|r| r.map(|d| d.children.len())))
+    });
+    for (round, calls) in rounds.iter().enumerate() {
+        for call in calls {
+            let (result, took) = call.as_ref().expect("the call's task");
+            assert!(
+                matches!(result, Err(CallError::Deadline { .. })),
+                "round {round}: {result:?}"
+            );
+            assert!(
+                *took < deadline * 10,
+                "round {round}: stopped after {took:?}"
+            );
+        }
+    }
+    assert!(
+        matches!(after, Ok(Ok(1))),
+        "a good call after them: {after:?}"
+    );
+    let worst = Duration::from_micros(worst_gap.load(Ordering::Relaxed));
+    eprintln!("second round: the operator's worker was busy for at most {worst:?} at a time");
+    assert!(
+        worst < Duration::from_millis(50),
+        "the ticker waited {worst:?}"
     );
 }
 
