@@ -444,16 +444,21 @@ fn oversized_output_is_refused_before_anything_is_written() {
     }
 }
 
-#[test]
-fn a_plugin_that_sleeps_or_polls_is_stopped_at_its_deadline_not_when_it_wakes() {
-    let deadline = std::time::Duration::from_millis(300);
-    let plugin = Sandbox::new(SandboxConfig {
+/// The test `widget` plugin in a sandbox of default size, with calls stopped at `deadline`.
+fn widget_with_deadline(deadline: Duration) -> capstan::plugin::Plugin {
+    Sandbox::new(SandboxConfig {
         deadline,
         ..SandboxConfig::default()
     })
     .unwrap()
     .load_file(&test_plugin("widget"))
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn a_plugin_that_sleeps_or_polls_is_stopped_at_its_deadline_not_when_it_wakes() {
+    let deadline = Duration::from_millis(300);
+    let plugin = widget_with_deadline(deadline);
     for mode in ["sleep", "clock-poll", "loop"] {
         let observed = Observed {
             parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
@@ -493,15 +498,10 @@ fn busy_plugins_called_from_the_operator_do_not_hold_its_threads() {
     // that long starts on the sandbox's runtime. Eight guests spinning until their
     // deadline, twice over, must leave the caller's only worker free for a ticker (as
     // the watches and the lease renewal would be) in the second round. Run on that
-    // worker, the guests would take it in turns of one tick each: ~80 ms between ticks.
+    // worker, the guests held it for 0.6 s; started there on every call, they took it
+    // in turns of one tick each, ~80 ms between ticks.
     let deadline = Duration::from_millis(500);
-    let plugin = Sandbox::new(SandboxConfig {
-        deadline,
-        ..SandboxConfig::default()
-    })
-    .unwrap()
-    .load_file(&test_plugin("widget"))
-    .unwrap();
+    let plugin = widget_with_deadline(deadline);
     let operator = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -81,17 +81,7 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
     for r in REPLICAS {
         replicas.push(Operator::start_replica(&format!("{ns}-{r}"), ns, &paths, &args).await);
     }
-    let split = wait_for(
-        "the replicas to split the buckets",
-        Duration::from_secs(60),
-        || async {
-            let buckets = served_buckets(&replicas).await?;
-            let even = buckets.iter().sum::<u64>() == 64 && buckets.iter().all(|b| *b >= 21);
-            Ok(even.then_some(buckets))
-        },
-    )
-    .await
-    .with_context(|| logs(&replicas))?;
+    let split = even_split(&replicas, "the replicas to split the buckets").await?;
     println!("buckets per replica after {:?}: {split:?}", t0.elapsed());
 
     // Phase 1: every parent, created with the three replicas up.
@@ -199,17 +189,7 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
     patch_widgets(&widgets_api, 0..half, "v3").await?;
     replicas[1].restart().await;
     patch_widgets(&widgets_api, half..widgets, "v3").await?;
-    let split = wait_for(
-        "the buckets to split among three again",
-        Duration::from_secs(60),
-        || async {
-            let buckets = served_buckets(&replicas).await?;
-            let even = buckets.iter().sum::<u64>() == 64 && buckets.iter().all(|b| *b >= 21);
-            Ok(even.then_some(buckets))
-        },
-    )
-    .await
-    .with_context(|| logs(&replicas))?;
+    let split = even_split(&replicas, "the buckets to split among three again").await?;
     println!(
         "the rejoined replica got its share {:.1?} after its restart began: {split:?}",
         rejoin.elapsed()
@@ -324,6 +304,17 @@ fn ensure_handed_only(
         &wrong[..wrong.len().min(20)]
     );
     Ok(())
+}
+
+/// Waits until the three replicas serve 21, 21 and 22 buckets, and returns the split.
+async fn even_split(replicas: &[Operator], what: &str) -> Result<Vec<u64>> {
+    wait_for(what, Duration::from_secs(60), || async {
+        let buckets = served_buckets(replicas).await?;
+        let even = buckets.iter().sum::<u64>() == 64 && buckets.iter().all(|b| *b >= 21);
+        Ok(even.then_some(buckets))
+    })
+    .await
+    .with_context(|| logs(replicas))
 }
 
 /// `capstan_shard_buckets` of each replica.
