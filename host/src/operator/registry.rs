@@ -113,9 +113,13 @@ impl PluginRegistry {
         let _watch = watch_dir(&self.opts.dir, changed);
         loop {
             let settling = self.scan().await;
-            // Ready once the directory was scanned and the caches of every loaded
-            // plugin's children hold their first list: before that, reconciles wait.
-            let ready = self.caches.all_synced();
+            // Ready once every file of the directory was loaded (or refused), none left
+            // to settle, and the caches of every loaded plugin's children hold their
+            // first list: before that, reconciles wait. Files just written (by an init
+            // container seeding the directory) settle first: ready before they are
+            // loaded, a rollout would go on to stop the previous Pod while this one
+            // still serves nothing.
+            let ready = !settling && self.caches.all_synced();
             if ready {
                 self.metrics.set_ready();
             }

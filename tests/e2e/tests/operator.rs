@@ -525,6 +525,33 @@ fn state_of<'a>(states: &'a [Value], file: &str) -> Option<&'a Value> {
         .find(|s| s["file"].as_str().is_some_and(|f| f.ends_with(file)))
 }
 
+/// `/readyz` (what a Deployment's readiness probe and a rollout wait for) is ok only once
+/// every plugin file present at start is loaded, also files written a moment before the
+/// start (as the init container that seeds the plugin directory writes them).
+#[tokio::test]
+async fn ready_only_once_every_plugin_file_is_loaded() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "readyz").await;
+    // start() copies the files into a new directory and returns once /readyz is ok. An
+    // empty compile cache makes loading take seconds (compiling PostgreSQL's plugin),
+    // so a /readyz that does not wait for it is seen.
+    let cache = tempfile::tempdir().unwrap();
+    let op = Operator::start(
+        &ns.name,
+        &[&plugin("uuid"), &plugin("postgresql")],
+        &["--cache-dir", cache.path().to_str().unwrap()],
+    )
+    .await;
+    let states = op.plugin_states().await.unwrap();
+    for file in ["uuid.wasm", "postgresql.wasm"] {
+        let state = state_of(&states, file);
+        assert!(
+            state.is_some_and(|s| s["serving"] == true),
+            "{file} is not serving when /readyz is ok: {states:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_plugin_directory_is_live() {
     let client = client().await;
