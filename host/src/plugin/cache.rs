@@ -5,25 +5,27 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use wasmtime::Engine;
 use wasmtime::component::Component;
+use wasmtime::{Config, Engine};
 
 /// Compiles `bytes`, or loads the code compiled earlier for the same bytes and engine.
+/// `compiler` is the configuration of `engine` for compiling (see [`precompile`]).
 ///
 /// A cache that cannot be read or written is not an error: the component is compiled
 /// and the problem logged.
 pub fn compile(
     engine: &Engine,
+    compiler: &Config,
     cache_dir: Option<&Path>,
     bytes: &[u8],
     sha256: &str,
 ) -> wasmtime::Result<Component> {
     let Some(dir) = cache_dir else {
-        return Component::new(engine, bytes);
+        let component = precompile(compiler, bytes).and_then(|c| deserialize_bytes(engine, &c));
+        return_freed_memory();
+        return component;
     };
-    let mut hasher = DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut hasher);
-    let path = dir.join(format!("{sha256}-{:016x}.cwasm", hasher.finish()));
+    let path = dir.join(format!("{sha256}-{:016x}.cwasm", compatibility(engine)));
     if path.exists() {
         match deserialize(engine, &path) {
             Ok(component) => {
@@ -35,14 +37,64 @@ pub fn compile(
             }
         }
     }
-    let serialized = engine.precompile_component(bytes)?;
-    if let Err(err) = store(dir, &path, &serialized) {
+    let component = compile_into(engine, compiler, dir, &path, bytes);
+    return_freed_memory();
+    component
+}
+
+/// Compiles `bytes` into the cache entry `path` and loads it.
+fn compile_into(
+    engine: &Engine,
+    compiler: &Config,
+    dir: &Path,
+    path: &Path,
+    bytes: &[u8],
+) -> wasmtime::Result<Component> {
+    let serialized = precompile(compiler, bytes)?;
+    if let Err(err) = store(dir, path, &serialized) {
         tracing::warn!(dir = %dir.display(), "cannot write the compile cache: {err}");
         return deserialize_bytes(engine, &serialized);
     }
     // Mapped from the file rather than kept from `serialized`: see `deserialize`.
-    deserialize(engine, &path).or_else(|_| deserialize_bytes(engine, &serialized))
+    deserialize(engine, path).or_else(|_| deserialize_bytes(engine, &serialized))
 }
+
+/// The engine's compatibility hash: compiled code is usable by any engine with the same.
+fn compatibility(engine: &Engine) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Compiles `bytes` in an engine made for this compile alone; the caller then gives the
+/// memory it used back to the system ([`return_freed_memory`]).
+///
+/// Cranelift needs a few hundred MiB for a large component (330 MiB for the PostgreSQL
+/// plugin), and an engine keeps its compiler's working buffers, sized for the largest
+/// function it compiled, for as long as it lives. Compiled in the serving engine, the
+/// shipped plugins left a first start at 360 MiB (in a pod limited to 512 MiB) where a
+/// restart from the cache needs 40. `compiler` differs from the serving engine's
+/// configuration only in how instances are allocated, which compiled code does not
+/// depend on (the compatibility hashes are equal: a test holds them so).
+fn precompile(compiler: &Config, bytes: &[u8]) -> wasmtime::Result<Vec<u8>> {
+    Engine::new(compiler)?.precompile_component(bytes)
+}
+
+/// Returns the allocator's free pages to the system: what a compile freed (the
+/// compiler's buffers, the serialized code) is otherwise kept by glibc's arenas, in
+/// blocks too scattered for it to give back by itself.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn return_freed_memory() {
+    // SAFETY: malloc_trim only releases free pages of the allocator's own arenas, under
+    // their locks; it touches no memory in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn return_freed_memory() {}
 
 /// Writes through a temporary file and a rename, so a reader never sees half a file.
 fn store(dir: &Path, path: &Path, serialized: &[u8]) -> std::io::Result<()> {

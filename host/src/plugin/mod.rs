@@ -163,6 +163,8 @@ pub enum CallError {
 #[derive(Clone)]
 pub struct Sandbox {
     engine: Engine,
+    /// The configuration plugins are compiled with, in an engine of their own.
+    compiler: Arc<wasmtime::Config>,
     linker: Arc<Linker<CallState>>,
     config: Arc<SandboxConfig>,
     runtime: Arc<CallRuntime>,
@@ -196,7 +198,8 @@ impl Drop for CallRuntime {
 impl Sandbox {
     /// Creates the engine and starts the epoch ticker that enforces deadlines.
     pub fn new(config: SandboxConfig) -> anyhow::Result<Self> {
-        let engine = Engine::new(&engine_config(&config)).map_err(|e| {
+        let serving = engine_config(&config);
+        let engine = Engine::new(&serving).map_err(|e| {
             anyhow::anyhow!(
                 "cannot reserve the plugin instance pool ({} instances of up to {} MiB): {}",
                 config.instances,
@@ -217,6 +220,7 @@ impl Sandbox {
         let slots = Arc::new(tokio::sync::Semaphore::new(config.instances.max(1) as usize));
         Ok(Sandbox {
             engine,
+            compiler: Arc::new(compiler_config(serving)),
             linker: Arc::new(linker),
             config: Arc::new(config),
             runtime: Arc::new(CallRuntime(Some(runtime))),
@@ -254,6 +258,7 @@ impl Sandbox {
         let sha256 = sha256_hex(bytes);
         let component = cache::compile(
             &self.engine,
+            &self.compiler,
             self.config.cache_dir.as_deref(),
             bytes,
             &sha256,
@@ -357,6 +362,13 @@ fn engine_config(config: &SandboxConfig) -> wasmtime::Config {
     c.memory_reservation(4 << 30);
     c.memory_guard_size(2 << 30);
     c
+}
+
+/// The serving engine's configuration without its instance pool: compiled code does not
+/// depend on how instances are allocated, and a compile needs no pool.
+fn compiler_config(mut serving: wasmtime::Config) -> wasmtime::Config {
+    serving.allocation_strategy(wasmtime::InstanceAllocationStrategy::OnDemand);
+    serving
 }
 
 /// A loaded, described plugin. Cheap to clone; every call runs in a fresh instance.
@@ -804,6 +816,19 @@ mod tests {
         assert!(module.contains("core wasm module"), "{module}");
         let text = check_component_header(b"apiVersion: v1").unwrap_err();
         assert!(text.contains("not a WebAssembly binary"), "{text}");
+    }
+
+    #[test]
+    fn code_compiled_without_the_pool_is_compatible_with_the_serving_engine() {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let hash = |config: &wasmtime::Config| {
+            let engine = Engine::new(config).unwrap();
+            let mut hasher = DefaultHasher::new();
+            engine.precompile_compatibility_hash().hash(&mut hasher);
+            hasher.finish()
+        };
+        let serving = engine_config(&SandboxConfig::default());
+        assert_eq!(hash(&serving), hash(&compiler_config(serving.clone())));
     }
 
     #[test]

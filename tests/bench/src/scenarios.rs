@@ -655,18 +655,28 @@ impl Bench {
                 .wait_for(1, Duration::from_secs(120), || op.alive())
                 .await?;
             let to_reconciled = op.started.elapsed();
+            let usage = op.usage();
             op.kill();
             results.push(Restart {
                 start,
                 compile_cache: cache,
                 ready_seconds: to_ready.as_secs_f64(),
                 new_parent_ready_seconds: to_reconciled.as_secs_f64(),
+                rss_mib: usage.rss_mib,
+                peak_rss_mib: usage.peak_rss_mib,
             });
         }
         ns.delete(CLEANUP).await?;
         let mut table = Table::new(
             "Restart: uuid + postgresql + widget, a parent created while the host was down",
-            &["start", "compile cache", "/readyz ok", "new parent Ready"],
+            &[
+                "start",
+                "compile cache",
+                "/readyz ok",
+                "new parent Ready",
+                "RSS then",
+                "peak RSS",
+            ],
         );
         for r in &results {
             table.row(vec![
@@ -674,6 +684,8 @@ impl Bench {
                 r.compile_cache.into(),
                 secs(r.ready_seconds),
                 secs(r.new_parent_ready_seconds),
+                mib(r.rss_mib),
+                mib(r.peak_rss_mib),
             ]);
         }
         table.print();
@@ -845,6 +857,10 @@ struct Restart {
     ready_seconds: f64,
     /// From starting the process until the parent created while it was down was Ready.
     new_parent_ready_seconds: f64,
+    /// VmRSS then, in MiB: what a first start keeps of compiling.
+    rss_mib: f64,
+    /// VmHWM then, in MiB: a first start's peak is a compile's.
+    peak_rss_mib: f64,
 }
 
 /// The API server and etcd of the cluster, found by the API server's port, for the CPU
