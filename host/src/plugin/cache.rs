@@ -72,8 +72,8 @@ fn compatibility(engine: &Engine) -> u64 {
 /// Cranelift needs a few hundred MiB for a large component (330 MiB for the PostgreSQL
 /// plugin), and an engine keeps its compiler's working buffers, sized for the largest
 /// function it compiled, for as long as it lives. Compiled in the serving engine, the
-/// shipped plugins left a first start at 360 MiB (in a pod limited to 512 MiB) where a
-/// restart from the cache needs 40. `compiler` differs from the serving engine's
+/// shipped plugins left a first start at 190-360 MiB (in a Pod limited to 512 MiB)
+/// where a restart from the cache needs 25-40. `compiler` differs from the serving engine's
 /// configuration only in how instances are allocated, which compiled code does not
 /// depend on (the compatibility hashes are equal: a test holds them so).
 fn precompile(compiler: &Config, bytes: &[u8]) -> wasmtime::Result<Vec<u8>> {
