@@ -60,7 +60,7 @@ fn compile_into(
 }
 
 /// The engine's compatibility hash: compiled code is usable by any engine with the same.
-fn compatibility(engine: &Engine) -> u64 {
+pub(super) fn compatibility(engine: &Engine) -> u64 {
     let mut hasher = DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut hasher);
     hasher.finish()

@@ -820,13 +820,7 @@ mod tests {
 
     #[test]
     fn code_compiled_without_the_pool_is_compatible_with_the_serving_engine() {
-        use std::hash::{DefaultHasher, Hash, Hasher};
-        let hash = |config: &wasmtime::Config| {
-            let engine = Engine::new(config).unwrap();
-            let mut hasher = DefaultHasher::new();
-            engine.precompile_compatibility_hash().hash(&mut hasher);
-            hasher.finish()
-        };
+        let hash = |config: &wasmtime::Config| cache::compatibility(&Engine::new(config).unwrap());
         let serving = engine_config(&SandboxConfig::default());
         assert_eq!(hash(&serving), hash(&compiler_config(serving.clone())));
     }
