@@ -578,6 +578,73 @@ fn busy_plugins_called_from_the_operator_do_not_hold_its_threads() {
 }
 
 #[test]
+fn fast_calls_do_not_send_a_busy_plugin_back_to_the_callers_thread() {
+    // A plugin that spins on some calls and answers at once on others: each spinning
+    // call that started on the caller's thread would hold it until the next epoch tick
+    // (0-10 ms), and a fast call's end used to send the next one there again. Here
+    // each spinning call is started on the caller's only worker right after a fast call
+    // ended; the test's task then waits for that worker, behind a 1 ms timer. Handed to
+    // the sandbox's runtime, the call gives the worker back within microseconds.
+    let deadline = Duration::from_millis(300);
+    let plugin = widget_with_deadline(deadline);
+    let operator = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let observed = |mode: &str| Observed {
+        parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {"mode": mode, "count": 1}}),
+        children: vec![],
+    };
+    let (held, spinning) = operator.block_on(async move {
+        // A first spinning call marks the plugin busy.
+        let first = plugin.reconcile_async(&observed("loop")).await;
+        assert!(
+            matches!(first, Err(CallError::Deadline { .. })),
+            "{first:?}"
+        );
+        let mut held = Vec::new();
+        let mut spinning = Vec::new();
+        for _ in 0..8 {
+            let fast = plugin.reconcile_async(&observed("")).await;
+            assert!(
+                matches!(fast, Ok(Ok(ref d)) if d.children.len() == 1),
+                "{fast:?}"
+            );
+            let started = Instant::now();
+            let busy = plugin.clone();
+            let loop_observed = observed("loop");
+            spinning.push(tokio::spawn(async move {
+                busy.reconcile_async(&loop_observed).await
+            }));
+            // A 1 ms timer: the worker runs the new task's first poll meanwhile, and
+            // comes back to this task only when that poll has returned.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            held.push(started.elapsed());
+        }
+        (held, futures::future::join_all(spinning).await)
+    });
+    for call in spinning {
+        let result = call.expect("the call's task");
+        assert!(
+            matches!(result, Err(CallError::Deadline { .. })),
+            "{result:?}"
+        );
+    }
+    eprintln!("the caller's worker was held for {held:?}");
+    // Measured: 7.6-14.6 ms each when the fast call sent the spinning one to the
+    // caller's thread (it spins there until the tick), 2.1-2.2 ms (the timer) handed
+    // off. A loaded machine may stretch a few.
+    let long = held
+        .iter()
+        .filter(|h| **h >= Duration::from_millis(5))
+        .count();
+    assert!(long <= 2, "the caller's worker was held for {held:?}");
+}
+
+#[test]
 fn calls_are_independent_and_a_failed_call_does_not_poison_the_plugin() {
     let plugin = sandbox().load_file(&test_plugin("widget")).unwrap();
     let observed = |mode: &str| Observed {

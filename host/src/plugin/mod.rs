@@ -29,8 +29,8 @@ mod stats;
 pub use stats::{Outcome, SandboxMetrics, SandboxSummary};
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -297,7 +297,7 @@ impl Sandbox {
                 sandbox: self.clone(),
                 sha256,
                 path: path.to_owned(),
-                slow: AtomicBool::new(false),
+                slow: SlowUntil::default(),
             }),
         };
         let info = plugin.describe().map_err(|e| LoadError::Describe {
@@ -317,7 +317,7 @@ impl Sandbox {
                 sandbox: self.clone(),
                 sha256: inner.sha256.clone(),
                 path: inner.path.clone(),
-                slow: AtomicBool::new(false),
+                slow: SlowUntil::default(),
             }),
         })
     }
@@ -383,9 +383,36 @@ struct PluginInner {
     sandbox: Sandbox,
     sha256: String,
     path: PathBuf,
-    /// Whether its last call ran for an epoch tick or more: its next async call goes
+    /// Set by a call that ran for an epoch tick or more: until then, its async calls go
     /// straight to the sandbox's runtime (see [`Plugin::spawn`]).
-    slow: AtomicBool,
+    slow: SlowUntil,
+}
+
+/// How long after a call that ran an epoch tick or more a plugin's async calls start on
+/// the sandbox's runtime. A fast call does not end it early: a plugin that mixes fast
+/// and busy calls (or is made to) would otherwise take the caller's thread for a tick
+/// with every busy call that follows a fast one.
+const SLOW_FOR: Duration = Duration::from_secs(1);
+
+/// Until when a plugin counts as slow (see [`SLOW_FOR`]), in nanoseconds of the
+/// process's monotonic clock.
+#[derive(Default)]
+struct SlowUntil(AtomicU64);
+
+impl SlowUntil {
+    fn now() -> u64 {
+        static START: OnceLock<Instant> = OnceLock::new();
+        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+
+    fn is_slow(&self) -> bool {
+        Self::now() < self.0.load(Ordering::Relaxed)
+    }
+
+    fn mark(&self) {
+        let until = Self::now() + SLOW_FOR.as_nanos() as u64;
+        self.0.fetch_max(until, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Plugin {
@@ -489,9 +516,10 @@ impl Plugin {
     /// more than a small call itself). A call that does not end there (a guest still
     /// running at the next epoch tick yields; or it waits for a slot or a timer) moves,
     /// as it stands, to the sandbox's runtime and is awaited there, so a busy guest
-    /// holds the caller's thread for at most one tick. A plugin whose last call ran a
-    /// tick or more starts on the sandbox's runtime right away: a guest that burns CPU
-    /// on every call costs the caller's threads one tick once, not once per call.
+    /// holds the caller's thread for at most one tick. For [`SLOW_FOR`] after a call of
+    /// a tick or more, the plugin's calls start on the sandbox's runtime right away: a
+    /// guest that burns CPU on every call, or on some calls among fast ones, costs the
+    /// caller's threads a tick once in a while, not once per call.
     async fn spawn<R, F>(&self, call: impl FnOnce(Plugin) -> F) -> Result<R, CallError>
     where
         F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
@@ -499,7 +527,7 @@ impl Plugin {
     {
         let runtime = self.inner.sandbox.runtime.handle();
         let mut call = Box::pin(call(self.clone()));
-        if !self.inner.slow.load(Ordering::Relaxed) {
+        if !self.inner.slow.is_slow() {
             let first = std::future::poll_fn(|cx| {
                 let _context = runtime.enter();
                 std::task::Poll::Ready(call.as_mut().poll(cx))
@@ -572,7 +600,9 @@ impl Plugin {
         })
         .await;
         let took = started.elapsed();
-        self.inner.slow.store(took >= EPOCH_TICK, Ordering::Relaxed);
+        if took >= EPOCH_TICK {
+            self.inner.slow.mark();
+        }
         let output = store.data_mut().take_output();
         output.log(name);
         let result = match outcome {
