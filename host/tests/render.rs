@@ -491,28 +491,37 @@ fn a_plugin_that_sleeps_or_polls_is_stopped_at_its_deadline_not_when_it_wakes() 
     );
 }
 
-#[test]
-fn busy_plugins_called_from_the_operator_do_not_hold_its_threads() {
-    // Async calls start on the caller's thread and move to the sandbox's runtime when
-    // the guest is still running at an epoch tick (10 ms); a plugin whose last call ran
-    // that long starts on the sandbox's runtime. Eight guests spinning until their
-    // deadline, twice over, must leave the caller's only worker free for a ticker (as
-    // the watches and the lease renewal would be) in the second round. Run on that
-    // worker, the guests held it for 0.6 s; started there on every call, they took it
-    // in turns of one tick each, ~80 ms between ticks.
-    let deadline = Duration::from_millis(500);
-    let plugin = widget_with_deadline(deadline);
-    let operator = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let observed = |mode: &str| Observed {
+/// A Widget parent whose spec asks the test plugin for `mode`, with no children.
+fn widget_observed(mode: &str) -> Observed {
+    Observed {
         parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
             "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
             "spec": {"mode": mode, "count": 1}}),
         children: vec![],
-    };
+    }
+}
+
+/// A runtime like the operator's, with one worker: whatever holds it is seen.
+fn one_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn busy_plugins_called_from_the_operator_do_not_hold_its_threads() {
+    // Async calls start on the caller's thread and move to the sandbox's runtime when
+    // the guest is still running at an epoch tick (10 ms); for a second after a call
+    // ran that long, the plugin's calls start on the sandbox's runtime. Eight guests
+    // spinning until their deadline, twice over, must leave the caller's only worker
+    // free for a ticker (as the watches and the lease renewal would be) in the second
+    // round. Run on that worker, the guests held it for 0.6 s; started there on every
+    // call, they took it in turns of one tick each, ~80 ms between ticks.
+    let deadline = Duration::from_millis(500);
+    let plugin = widget_with_deadline(deadline);
+    let operator = one_worker_runtime();
     let worst_gap = Arc::new(AtomicU64::new(0));
     let gap = worst_gap.clone();
     let (rounds, after) = operator.block_on(async move {
@@ -533,7 +542,7 @@ fn busy_plugins_called_from_the_operator_do_not_hold_its_threads() {
             let calls: Vec<_> = (0..8)
                 .map(|_| {
                     let plugin = plugin.clone();
-                    let observed = observed("loop");
+                    let observed = widget_observed("loop");
                     tokio::spawn(async move {
                         let started = Instant::now();
                         let result = plugin.reconcile_async(&observed).await;
@@ -549,7 +558,7 @@ fn busy_plugins_called_from_the_operator_do_not_hold_its_threads() {
         // A tick after the last call, so that a stall during it counts.
         tokio::time::sleep(Duration::from_millis(20)).await;
         ticker.expect("started").abort();
-        let after = plugin.reconcile_async(&observed("")).await;
+        let after = plugin.reconcile_async(&widget_observed("")).await;
         (rounds, after.map(|r| r.map(|d| d.children.len())))
     });
     for (round, calls) in rounds.iter().enumerate() {
@@ -587,20 +596,10 @@ fn fast_calls_do_not_send_a_busy_plugin_back_to_the_callers_thread() {
     // the sandbox's runtime, the call gives the worker back within microseconds.
     let deadline = Duration::from_millis(300);
     let plugin = widget_with_deadline(deadline);
-    let operator = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let observed = |mode: &str| Observed {
-        parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
-            "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
-            "spec": {"mode": mode, "count": 1}}),
-        children: vec![],
-    };
+    let operator = one_worker_runtime();
     let (held, spinning) = operator.block_on(async move {
         // A first spinning call marks the plugin busy.
-        let first = plugin.reconcile_async(&observed("loop")).await;
+        let first = plugin.reconcile_async(&widget_observed("loop")).await;
         assert!(
             matches!(first, Err(CallError::Deadline { .. })),
             "{first:?}"
@@ -608,14 +607,14 @@ fn fast_calls_do_not_send_a_busy_plugin_back_to_the_callers_thread() {
         let mut held = Vec::new();
         let mut spinning = Vec::new();
         for _ in 0..8 {
-            let fast = plugin.reconcile_async(&observed("")).await;
+            let fast = plugin.reconcile_async(&widget_observed("")).await;
             assert!(
                 matches!(fast, Ok(Ok(ref d)) if d.children.len() == 1),
                 "{fast:?}"
             );
             let started = Instant::now();
             let busy = plugin.clone();
-            let loop_observed = observed("loop");
+            let loop_observed = widget_observed("loop");
             spinning.push(tokio::spawn(async move {
                 busy.reconcile_async(&loop_observed).await
             }));
@@ -647,21 +646,15 @@ fn fast_calls_do_not_send_a_busy_plugin_back_to_the_callers_thread() {
 #[test]
 fn calls_are_independent_and_a_failed_call_does_not_poison_the_plugin() {
     let plugin = sandbox().load_file(&test_plugin("widget")).unwrap();
-    let observed = |mode: &str| Observed {
-        parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
-            "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
-            "spec": {"mode": mode, "count": 1}}),
-        children: vec![],
-    };
     assert!(matches!(
-        plugin.reconcile(&observed("loop")),
+        plugin.reconcile(&widget_observed("loop")),
         Err(CallError::Deadline { .. })
     ));
     assert!(matches!(
-        plugin.reconcile(&observed("oom")),
+        plugin.reconcile(&widget_observed("oom")),
         Err(CallError::MemoryCap { .. })
     ));
-    let ok = plugin.reconcile(&observed("")).unwrap().unwrap();
+    let ok = plugin.reconcile(&widget_observed("")).unwrap().unwrap();
     assert_eq!(ok.children.len(), 1);
 }
 
