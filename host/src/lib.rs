@@ -15,4 +15,5 @@ pub mod plan;
 pub mod plugin;
 pub mod rbac;
 pub mod render;
+pub mod shard;
 pub mod validate;

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::contract::{Condition, ConditionStatus, Desired, Event, EventType, PluginInfo};
-use crate::operator::shard::{SHARD_BUCKET_LABEL, bucket_of};
+use crate::shard::{SHARD_BUCKET_LABEL, bucket_of};
 use crate::validate::{self, Violation};
 
 /// Field manager of the host's own writes that belong to no plugin (CRDs).

@@ -7,14 +7,21 @@ use serde_json::{Value, json};
 
 use crate::contract::PluginInfo;
 
-/// Verbs the host uses on parents: read, watch, patch (finalizers), and nothing else.
-const PARENT_VERBS: &[&str] = &["get", "list", "watch", "patch", "update"];
-/// Verbs on `<parent>/status` and `<parent>/finalizers`.
-const SUBRESOURCE_VERBS: &[&str] = &["get", "patch", "update"];
-/// Verbs on child kinds: watch and list them, server-side apply (create/patch), prune.
-const CHILD_VERBS: &[&str] = &[
-    "get", "list", "watch", "create", "patch", "update", "delete",
-];
+/// Verbs on parents: the controller lists and watches them, and merge-patches
+/// `metadata.finalizers` (add, remove, release). Parents are never read one by one,
+/// created, replaced or deleted.
+const PARENT_VERBS: &[&str] = &["list", "watch", "patch"];
+/// Verbs on `<parent>/status`: status and failure conditions are written with
+/// server-side apply, a PATCH.
+const STATUS_VERBS: &[&str] = &["patch"];
+/// Verbs on `<parent>/finalizers`: setting `blockOwnerDeletion` in a child's owner
+/// reference needs `update` on the owner's finalizers wherever the
+/// OwnerReferencesPermissionEnforcement admission plugin is on. Nothing calls it.
+const FINALIZERS_VERBS: &[&str] = &["update"];
+/// Verbs on child kinds: list and watch (the shared caches), get (the owner of an
+/// object whose name a desired child takes), create and patch (server-side apply, which
+/// creates what is absent), delete (prune, with a UID precondition). Never `update`.
+const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 
 /// The ClusterRole named `name` for `plugins`. With `install_crds`, it may also apply
 /// CustomResourceDefinitions.
@@ -35,14 +42,12 @@ pub fn cluster_role(name: &str, plugins: &[PluginInfo], install_crds: bool) -> V
         add(
             &parent.group,
             format!("{}/status", parent.plural),
-            SUBRESOURCE_VERBS,
+            STATUS_VERBS,
         );
-        // Setting blockOwnerDeletion on children needs update on the owner's finalizers
-        // where the OwnerReferencesPermissionEnforcement admission plugin is on.
         add(
             &parent.group,
             format!("{}/finalizers", parent.plural),
-            SUBRESOURCE_VERBS,
+            FINALIZERS_VERBS,
         );
         for child in &info.children {
             add(&child.group, child.plural.clone(), CHILD_VERBS);
@@ -136,7 +141,21 @@ mod tests {
                 .iter()
                 .any(|v| v == "delete" || v == "create")
         );
-        assert!(find("test.capstan.dev", "widgets/status").is_some());
+        assert_eq!(parent_verbs, json!(["list", "watch", "patch"]));
+        assert_eq!(
+            find("test.capstan.dev", "widgets/status"),
+            Some(json!(["patch"]))
+        );
+        assert_eq!(
+            find("test.capstan.dev", "widgets/finalizers"),
+            Some(json!(["update"])),
+            "blockOwnerDeletion needs update on the owner's finalizers, and only that"
+        );
+        let updates: Vec<&Value> = rules
+            .iter()
+            .filter(|r| r["verbs"].as_array().unwrap().iter().any(|v| v == "update"))
+            .collect();
+        assert_eq!(updates.len(), 1, "update only on finalizers: {updates:?}");
         assert!(find("events.k8s.io", "events").is_some());
         assert!(find("apiextensions.k8s.io", "customresourcedefinitions").is_none());
         assert!(find("", "secrets").is_none(), "nothing undeclared");

@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use super::cluster::api_resource;
 use super::metrics::Metrics;
-use super::shard::{Buckets, SHARD_BUCKET_LABEL, bucket_of};
+use crate::shard::{Buckets, SHARD_BUCKET_LABEL, bucket_of};
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plan::{MANAGED_BY, MANAGED_BY_LABEL};

@@ -22,7 +22,7 @@ use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use super::reconcile::{self, Context};
-use super::shard::{Buckets, bucket_of};
+use crate::shard::{Buckets, bucket_of};
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plugin::Plugin;

@@ -30,7 +30,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::leader::WriteFence;
-use super::shard::{Buckets, fair_share};
+use crate::shard::{Buckets, fair_share};
 
 /// The label that makes a Lease a member of a shard group.
 pub const SHARD_GROUP_LABEL: &str = "capstan.dev/shard-group";

@@ -14,7 +14,6 @@ mod metrics;
 mod parent;
 mod reconcile;
 mod registry;
-pub mod shard;
 mod watch_client;
 
 use std::net::SocketAddr;
@@ -34,7 +33,7 @@ pub use registry::{PluginRegistry, RegistryOptions};
 
 use crate::plugin::Sandbox;
 use membership::{Membership, after_renewal, before_renewal};
-use shard::Buckets;
+use crate::shard::{self, Buckets};
 
 /// Everything `capstan run` needs.
 #[derive(Debug, Clone)]

@@ -40,27 +40,40 @@ async fn a_burst_of_spec_changes_never_deletes_a_child_still_wanted() {
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
     let first_uid = cms.get("b-0").await.unwrap().metadata.uid;
 
-    // Every deletion of a child, as the API server reports it.
+    // Every deletion of a child, as the API server reports it, from a watch that has
+    // completed its first list before the burst starts.
     let deleted = Arc::new(Mutex::new(Vec::<String>::new()));
     let seen = deleted.clone();
+    let (listed, watching) = tokio::sync::oneshot::channel::<()>();
     let deletions = tokio::spawn({
         let cms = cms.clone();
         async move {
+            let mut listed = Some(listed);
             let mut events = watcher(
                 cms,
                 watcher::Config::default().labels("capstan.dev/plugin=widget"),
             )
             .boxed();
             while let Some(Ok(event)) = events.next().await {
-                if let watcher::Event::Delete(cm) = event {
-                    seen.lock()
+                match event {
+                    watcher::Event::InitDone => {
+                        if let Some(listed) = listed.take() {
+                            let _ = listed.send(());
+                        }
+                    }
+                    watcher::Event::Delete(cm) => seen
+                        .lock()
                         .unwrap()
-                        .push(cm.metadata.name.unwrap_or_default());
+                        .push(cm.metadata.name.unwrap_or_default()),
+                    _ => {}
                 }
             }
         }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::timeout(T, watching)
+        .await
+        .expect("the deletion watch listed within the timeout")
+        .expect("the deletion watch is running");
 
     // Back to back, without waiting for the host: 3 → 1 → 3 → 2 → 3 → 2.
     for count in [1, 3, 2, 3, 2] {
@@ -93,6 +106,12 @@ async fn a_burst_of_spec_changes_never_deletes_a_child_still_wanted() {
         "deletions: {deleted:?}"
     );
     assert_eq!(cms.get("b-0").await.unwrap().metadata.uid, first_uid);
+    // b-2 existed before the burst and is not wanted at its end: its deletion was seen,
+    // so the watch did see the burst.
+    assert!(
+        deleted.contains(&"b-2".to_string()),
+        "deletions: {deleted:?}"
+    );
     // Only children that some spec of the burst did not want were deleted.
     assert!(
         deleted.iter().all(|n| n == "b-1" || n == "b-2"),
