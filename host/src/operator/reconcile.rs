@@ -12,11 +12,11 @@ use kube::runtime::controller::Action;
 use serde_json::Value;
 use tracing::{debug, info, instrument, warn};
 
-use super::children::{CacheState, Cached, Expectations, Key, KindCache, Written};
+use super::children::{Cached, Key, KindCache};
 use super::cluster::{
     self, ChildKinds, ChildOutcome, ClusterWrites, ErrorClass, OwnershipConflict,
 };
-use super::freshness::{AppliedChildren, OwnWrites};
+use super::freshness::{AppliedChildren, CacheState, Expectations, OwnWrites, Written};
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use crate::contract::{Observed, ObservedChild, PluginError};
@@ -634,6 +634,33 @@ async fn report_failure(obj: &DynamicObject, parent: &Value, ctx: &Context, fail
     }
     let event = plan::warning(failure.reason(), failure.to_string());
     ctx.cluster.publish(obj, &event).await;
+}
+
+/// What the per-parent maps of a context hold, for the pipeline tests.
+#[cfg(test)]
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Tracked {
+    pub expectations: usize,
+    pub applied: usize,
+    pub failures: usize,
+}
+
+#[cfg(test)]
+impl Context {
+    pub(super) fn tracked(&self) -> Tracked {
+        Tracked {
+            expectations: self.expectations.len(),
+            applied: self.applied.len(),
+            failures: self.failures.lock().unwrap().len(),
+        }
+    }
+
+    /// As if `by` had passed since everything the maps hold was recorded.
+    pub(super) fn age(&self, by: Duration) {
+        self.expectations.age(by);
+        self.applied.age(by);
+        self.own_writes.age(by);
+    }
 }
 
 #[cfg(test)]
