@@ -552,3 +552,95 @@ pub fn applied(patch: &Value, managed_fields: Value) -> (u16, Value) {
     obj["metadata"]["managedFields"] = managed_fields;
     (200, obj)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::{
+        Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+    };
+
+    fn configmap(name: &str, data: &str) -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name}, "data": {"k": data}}))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_store_answers_as_an_api_server_would() {
+        let store = Store::new();
+        let (client, calls) = store.client();
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client,
+            "ns",
+            &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        );
+        // Create, then a name taken.
+        let made = api
+            .create(&PostParams::default(), &configmap("a", "1"))
+            .await
+            .unwrap();
+        assert_eq!(made.metadata.namespace.as_deref(), Some("ns"));
+        let taken = api
+            .create(&PostParams::default(), &configmap("a", "2"))
+            .await;
+        assert!(matches!(taken, Err(kube::Error::Api(s)) if s.code == 409));
+        // An apply that changes nothing keeps the version; one that changes moves it.
+        let apply = PatchParams::apply("test");
+        let same = api
+            .patch("a", &apply, &Patch::Apply(&configmap("a", "1")))
+            .await
+            .unwrap();
+        assert_eq!(
+            same.metadata.resource_version,
+            made.metadata.resource_version
+        );
+        let changed = api
+            .patch("a", &apply, &Patch::Apply(&configmap("a", "3")))
+            .await
+            .unwrap();
+        assert_ne!(
+            changed.metadata.resource_version,
+            made.metadata.resource_version
+        );
+        assert_eq!(changed.data["data"]["k"], "3");
+        // Apply creates; a stale resourceVersion is a conflict.
+        api.patch("b", &apply, &Patch::Apply(&configmap("b", "1")))
+            .await
+            .unwrap();
+        let stale = json!({"metadata": {"resourceVersion": "1", "labels": {"x": "y"}}});
+        let refused = api
+            .patch("b", &PatchParams::default(), &Patch::Merge(&stale))
+            .await;
+        assert!(matches!(refused, Err(kube::Error::Api(s)) if s.code == 409));
+        // Deletes check the UID; finalizers hold a deletion until they are removed.
+        let other_uid = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some("uid-0".into()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let refused = api.delete("a", &other_uid).await;
+        assert!(matches!(refused, Err(kube::Error::Api(s)) if s.code == 409));
+        let held = json!({"metadata": {"finalizers": ["f"]}});
+        api.patch("a", &PatchParams::default(), &Patch::Merge(&held))
+            .await
+            .unwrap();
+        api.delete("a", &DeleteParams::default()).await.unwrap();
+        let marked = api.get("a").await.unwrap();
+        assert!(marked.metadata.deletion_timestamp.is_some());
+        let released = json!({"metadata": {"finalizers": []}});
+        api.patch("a", &PatchParams::default(), &Patch::Merge(&released))
+            .await
+            .unwrap();
+        assert!(api.get_opt("a").await.unwrap().is_none());
+        assert_eq!(api.list(&Default::default()).await.unwrap().items.len(), 1);
+        // Faults answer instead of the store.
+        store.inject(|c: &Call| (c.method == Method::GET).then(|| status(503, "Unavailable", "x")));
+        assert!(api.get("b").await.is_err());
+        store.heal();
+        assert!(api.get("b").await.is_ok());
+        assert!(calls.all().len() > 10);
+    }
+}
