@@ -40,36 +40,32 @@ const SWEEP_PERIOD: Duration = Duration::from_secs(120);
 /// [`SWEEP_PERIOD`] while it is used, so that what parents that are gone left behind
 /// does not stay until the map grows again.
 struct SweepClock {
-    last: Instant,
+    /// When the map was last swept; none: a sweep is due.
+    last: Option<Instant>,
 }
 
 impl SweepClock {
     fn new(now: Instant) -> Self {
-        SweepClock { last: now }
+        SweepClock { last: Some(now) }
     }
 
     /// Whether a map of `len` entries is to be swept now (then the clock restarts).
     fn due(&mut self, len: usize, now: Instant) -> bool {
         let due = (len >= 1024 && len.is_power_of_two())
-            || now.saturating_duration_since(self.last) >= SWEEP_PERIOD;
+            || self
+                .last
+                .is_none_or(|last| now.saturating_duration_since(last) >= SWEEP_PERIOD);
         if due {
-            self.last = now;
+            self.last = Some(now);
         }
         due
     }
 
-    /// Moves the clock back by `by`, as if that much time had passed (tests).
+    /// Makes the next use sweep, as if the period had passed (tests).
     #[cfg(test)]
-    fn age(&mut self, by: Duration) {
-        self.last = earlier(self.last, by);
+    fn make_due(&mut self) {
+        self.last = None;
     }
-}
-
-/// `at` moved back by `by`, as far as the clock goes.
-#[cfg(test)]
-fn earlier(at: Instant, by: Duration) -> Instant {
-    at.checked_sub(by)
-        .expect("the monotonic clock goes back that far")
 }
 
 /// The host's latest writes of parents, by UID, until the parent cache catches up.
@@ -166,14 +162,10 @@ impl OwnWrites {
         self.written.lock().unwrap().0.len()
     }
 
-    /// As if `by` had passed since every write remembered and the last sweep.
+    /// Makes the next write sweep, as if the period had passed.
     #[cfg(test)]
-    pub(super) fn age(&self, by: Duration) {
-        let mut guard = self.written.lock().unwrap();
-        for (_, at) in guard.0.values_mut() {
-            *at = earlier(*at, by);
-        }
-        guard.1.age(by);
+    pub(super) fn make_sweep_due(&self) {
+        self.written.lock().unwrap().1.make_due();
     }
 }
 
@@ -265,10 +257,10 @@ impl AppliedChildren {
         self.applied.lock().unwrap().0.len()
     }
 
-    /// As if `by` had passed since the last sweep.
+    /// Makes the next record sweep, as if the period had passed.
     #[cfg(test)]
-    pub(super) fn age(&self, by: Duration) {
-        self.applied.lock().unwrap().1.age(by);
+    pub(super) fn make_sweep_due(&self) {
+        self.applied.lock().unwrap().1.make_due();
     }
 }
 
@@ -426,14 +418,10 @@ impl Expectations {
         self.pending.lock().unwrap().by_parent.len()
     }
 
-    /// As if `by` had passed since every write recorded and the last sweep.
+    /// Makes the next write sweep, as if the period had passed.
     #[cfg(test)]
-    pub(super) fn age(&self, by: Duration) {
-        let mut pending = self.pending.lock().unwrap();
-        for (_, since) in pending.by_parent.values_mut() {
-            *since = earlier(*since, by);
-        }
-        pending.clock.age(by);
+    pub(super) fn make_sweep_due(&self) {
+        self.pending.lock().unwrap().clock.make_due();
     }
 }
 

@@ -604,7 +604,7 @@ async fn parents_that_come_and_go_leave_nothing_behind() {
     // What the host applied to children that are gone is forgotten by the next sweep,
     // once its period has passed.
     assert!(tracked.applied <= 2 * parents, "{tracked:?}");
-    s.ctx.age(Duration::from_secs(600));
+    s.ctx.make_sweeps_due();
     let last = s.create("last", json!({"count": 2}));
     s.reconcile(&last).await;
     assert_eq!(

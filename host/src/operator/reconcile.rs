@@ -655,11 +655,11 @@ impl Context {
         }
     }
 
-    /// As if `by` had passed since everything the maps hold was recorded.
-    pub(super) fn age(&self, by: Duration) {
-        self.expectations.age(by);
-        self.applied.age(by);
-        self.own_writes.age(by);
+    /// Makes the next use of each map sweep it, as if its period had passed.
+    pub(super) fn make_sweeps_due(&self) {
+        self.expectations.make_sweep_due();
+        self.applied.make_sweep_due();
+        self.own_writes.make_sweep_due();
     }
 }
 
