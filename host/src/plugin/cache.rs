@@ -1,10 +1,11 @@
 //! On-disk cache of compiled components, keyed by the component's sha256 and the
 //! engine's compatibility hash, so that a restart does not recompile every plugin.
 //!
-//! The directory is bounded: it keeps the entry of every plugin loaded in this process
-//! (held by a [`CacheEntry`]) plus the [`KEPT_UNUSED`] most recently used others; the
-//! rest (plugins removed or replaced, entries of other engine versions) is deleted
-//! whenever a new entry is written.
+//! The directory is bounded: it keeps the entry of every plugin loaded (held by a
+//! [`CacheEntry`]: in this process, and through a shared file lock in any other process
+//! that uses the same directory, such as `capstan render` beside `capstan run`) plus the
+//! [`KEPT_UNUSED`] most recently used others; the rest (plugins removed or replaced,
+//! entries of other engine versions) is deleted whenever a new entry is written.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -28,10 +29,13 @@ const STRAY_AGE: Duration = Duration::from_secs(3600);
 /// The cache entries loaded plugins of this process use, with how many use each.
 static IN_USE: Mutex<Option<HashMap<PathBuf, usize>>> = Mutex::new(None);
 
-/// A loaded plugin's hold on its cache entry: while it lives, the entry is not evicted.
+/// A loaded plugin's hold on its cache entry: while it lives, the entry is not evicted,
+/// by this process (a count by path) nor by another one (a shared lock on the file).
 #[derive(Debug)]
 pub struct CacheEntry {
     path: PathBuf,
+    /// The entry, open and locked shared once it exists.
+    locked: Option<std::fs::File>,
 }
 
 impl CacheEntry {
@@ -43,6 +47,20 @@ impl CacheEntry {
             .or_default() += 1;
         CacheEntry {
             path: path.to_path_buf(),
+            locked: None,
+        }
+    }
+
+    /// Takes the shared lock on the entry, which now exists (best effort: without it,
+    /// only another process could evict the entry, and this one loses nothing but the
+    /// compiled code of its next start).
+    fn lock(&mut self) {
+        let locked = std::fs::File::open(&self.path).and_then(|f| f.lock_shared().map(|()| f));
+        match locked {
+            Ok(file) => self.locked = Some(file),
+            Err(err) => {
+                tracing::debug!(path = %self.path.display(), "cannot lock the cache entry: {err}")
+            }
         }
     }
 }
@@ -89,12 +107,13 @@ pub fn compile(
         return Ok((component?, None));
     };
     let path = dir.join(format!("{sha256}-{:016x}.cwasm", compatibility(engine)));
-    let entry = CacheEntry::hold(&path);
+    let mut entry = CacheEntry::hold(&path);
     if path.exists() {
         match deserialize(engine, &path) {
             Ok(component) => {
                 tracing::debug!(path = %path.display(), "compiled code taken from the cache");
                 mark_used(&path);
+                entry.lock();
                 return Ok((component, Some(entry)));
             }
             Err(err) => {
@@ -104,7 +123,20 @@ pub fn compile(
     }
     let component = compile_into(engine, compiler, dir, &path, bytes);
     return_freed_memory();
+    entry.lock();
     Ok((component?, Some(entry)))
+}
+
+/// Deletes `path` unless another process holds it (a shared lock): whether it went.
+fn remove_unlocked(path: &Path) -> std::io::Result<bool> {
+    let file = std::fs::File::open(path)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+        Err(std::fs::TryLockError::Error(err)) => return Err(err),
+    }
+    std::fs::remove_file(path)?;
+    Ok(true)
 }
 
 /// Dates the entry `path` as just used, for [`evict`] (best effort).
@@ -152,8 +184,9 @@ pub fn evict(dir: &Path, keep: usize) -> usize {
     let doomed = unused.into_iter().skip(keep).map(|(_, p)| p).chain(stray);
     let mut removed = 0;
     for path in doomed {
-        match std::fs::remove_file(&path) {
-            Ok(()) => removed += 1,
+        match remove_unlocked(&path) {
+            Ok(true) => removed += 1,
+            Ok(false) => {}
             Err(err) => {
                 tracing::debug!(path = %path.display(), "cannot evict from the compile cache: {err}")
             }
@@ -305,6 +338,13 @@ mod tests {
                 "young.tmp43"
             ]
         );
+        // An entry another process holds (a shared lock) stays too.
+        let theirs = std::fs::File::open(d.join("e3-0.cwasm")).unwrap();
+        theirs.lock_shared().unwrap();
+        assert_eq!(evict(d, 0), 1, "e4 went, e3 is held elsewhere");
+        assert!(files(d).contains(&"e3-0.cwasm".to_string()));
+        drop(theirs);
+        entry(d, "e4-0.cwasm", 50);
         // A use makes an entry the most recent.
         mark_used(&d.join("e3-0.cwasm"));
         entry(d, "e5-0.cwasm", 0);
