@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::DynamicObject;
@@ -27,14 +27,11 @@ use crate::plugin::{Plugin, Sandbox, SandboxConfig};
 
 const NS: &str = "ns";
 
-/// The compile cache shared by every test of this process: each plugin is compiled
-/// once, and each test loads it into a sandbox of its own (whose call counts are its
-/// own).
+/// The compile cache of these tests, shared by every test and every run (the cache
+/// evicts what it no longer needs): each plugin is compiled once, and each test loads
+/// it into a sandbox of its own (whose call counts are its own).
 fn cache_dir() -> PathBuf {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().unwrap())
-        .path()
-        .to_path_buf()
+    capstan_e2e::operator::root().join("target/test-compile-cache")
 }
 
 /// Loads the test plugin `name` in a sandbox of its own. On a thread of its own too:
