@@ -10,11 +10,14 @@
 //! not taken yet (a fixed ring per kind sized for bursts cost 2 MiB a kind whether used
 //! or not), and a slow controller never misses a change.
 //!
-//! A cache lags the writes the host just made; [`Expectations`] keep a reconcile from
-//! acting on a cache that has not yet seen them.
+//! A cache lags the writes the host just made; [`super::freshness::Expectations`] keep
+//! a reconcile from acting on a cache that has not yet seen them.
+//!
+//! A kind is watched while a running controller holds a [`KindWatch`] of it: the watch
+//! stops when the last controller that declares the kind stops.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -47,19 +50,64 @@ pub struct ControllerRef {
     pub namespace: Option<String>,
 }
 
-/// Every cache of the host, by child kind; a cache starts on first use.
+/// Every cache of the host, by child kind. A kind's cache starts with the first
+/// [`KindWatch`] of it and stops with the last.
 pub struct ChildCaches {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     client: Client,
     namespace: Option<String>,
     /// With `--shards`: only the children of these buckets' parents.
     shard: Option<Buckets>,
     metrics: Arc<Metrics>,
-    /// Each cache with the task that feeds it.
-    kinds: Mutex<HashMap<String, FedCache>>,
+    /// The running caches, by `apiVersion/kind`.
+    kinds: Mutex<HashMap<String, Running>>,
 }
 
-/// A cache and the task that feeds it from its watch.
-type FedCache = (Arc<KindCache>, JoinHandle<()>);
+/// A running cache: the task that feeds it from its watch, and how many
+/// [`KindWatch`]es of it live.
+struct Running {
+    cache: Arc<KindCache>,
+    task: JoinHandle<()>,
+    watches: usize,
+}
+
+/// A controller's hold on the cache of one child kind: the kind is watched while any
+/// of its `KindWatch`es lives.
+pub struct KindWatch {
+    cache: Arc<KindCache>,
+    key: String,
+    shared: Weak<Shared>,
+}
+
+impl KindWatch {
+    /// The cache. It keeps what it holds after the watch stops, but is no longer fed.
+    pub fn cache(&self) -> &Arc<KindCache> {
+        &self.cache
+    }
+}
+
+impl Drop for KindWatch {
+    fn drop(&mut self) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let mut kinds = shared.kinds.lock().expect("caches lock");
+        let Some(running) = kinds.get_mut(&self.key) else {
+            return;
+        };
+        running.watches -= 1;
+        if running.watches == 0 {
+            // No controller declares the kind any more: a reload of the plugin that
+            // declared it starts a new watch (and lists the kind again).
+            running.task.abort();
+            kinds.remove(&self.key);
+            tracing::info!(kind = %self.key, "no plugin declares {}: its watch stopped", self.key);
+        }
+    }
+}
 
 impl ChildCaches {
     /// No cache yet; `namespace` limits namespaced kinds to one namespace, `shard` the
@@ -71,49 +119,73 @@ impl ChildCaches {
         metrics: Arc<Metrics>,
     ) -> Self {
         ChildCaches {
-            client: watch_client(&client, None, metrics.watch_bytes("children")),
-            namespace,
-            shard,
-            metrics,
-            kinds: Mutex::new(HashMap::new()),
+            shared: Arc::new(Shared {
+                client: watch_client(&client, None, metrics.watch_bytes("children")),
+                namespace,
+                shard,
+                metrics,
+                kinds: Mutex::new(HashMap::new()),
+            }),
         }
     }
 
-    /// The cache of `kind`, started if it is not running yet.
-    pub fn get(&self, kind: &KindRef) -> Arc<KindCache> {
+    /// A hold on the cache of `kind`, whose watch starts if it is not running yet.
+    pub fn watch(&self, kind: &KindRef) -> KindWatch {
         let key = format!("{}/{}", kind.api_version(), kind.kind);
-        let mut kinds = self.kinds.lock().expect("caches lock");
-        kinds
-            .entry(key)
-            .or_insert_with(|| {
-                KindCache::start(
-                    &self.client,
-                    kind,
-                    self.namespace.as_deref(),
-                    self.shard,
-                    self.metrics.clone(),
-                )
-            })
-            .0
-            .clone()
+        let shared = &self.shared;
+        let mut kinds = shared.kinds.lock().expect("caches lock");
+        let running = kinds.entry(key.clone()).or_insert_with(|| {
+            let (cache, task) = KindCache::start(
+                &shared.client,
+                kind,
+                shared.namespace.as_deref(),
+                shared.shard,
+                shared.metrics.clone(),
+            );
+            Running {
+                cache,
+                task,
+                watches: 0,
+            }
+        });
+        running.watches += 1;
+        KindWatch {
+            cache: running.cache.clone(),
+            key,
+            shared: Arc::downgrade(shared),
+        }
     }
-}
 
-impl ChildCaches {
-    /// Whether every cache started so far completed its first list.
+    /// Whether every cache running completed its first list.
     pub fn all_synced(&self) -> bool {
-        self.kinds
+        self.shared
+            .kinds
             .lock()
             .expect("caches lock")
             .values()
-            .all(|(c, _)| *c.synced.borrow())
+            .all(|r| *r.cache.synced.borrow())
+    }
+
+    /// The kinds watched now (`apiVersion/kind`), sorted.
+    #[cfg(test)]
+    pub(super) fn watched(&self) -> Vec<String> {
+        let mut kinds: Vec<String> = self
+            .shared
+            .kinds
+            .lock()
+            .expect("caches lock")
+            .keys()
+            .cloned()
+            .collect();
+        kinds.sort();
+        kinds
     }
 }
 
 impl Drop for ChildCaches {
     fn drop(&mut self) {
-        for (_, task) in self.kinds.lock().expect("caches lock").values() {
-            task.abort();
+        for running in self.shared.kinds.lock().expect("caches lock").values() {
+            running.task.abort();
         }
     }
 }
@@ -159,7 +231,12 @@ impl KindCache {
             Some(buckets) => buckets.child_label_selector(&managed),
             None => managed.clone(),
         };
-        let config = watcher::Config::default().labels(&labels);
+        // A consistent list (not resourceVersion=0, which the API server may answer from
+        // an older cache): what was written before the list was asked for is in it, which
+        // lets an expectation be met by a child's absence from a re-list.
+        let config = watcher::Config::default()
+            .labels(&labels)
+            .list_semantic(watcher::ListSemantic::MostRecent);
         let name = kind.to_string();
         let fed = cache.clone();
         let legacy = shard.map(|buckets| (format!("{managed},!{SHARD_BUCKET_LABEL}"), buckets));
@@ -193,14 +270,18 @@ impl KindCache {
         ar: &ApiResource,
     ) {
         match event {
-            watcher::Event::Init => *relist = Some(Index::default()),
+            // The list request is sent after this event is taken: whatever was written
+            // before now is in it (the list is a consistent read, see `start`).
+            watcher::Event::Init => *relist = Some(Index::listed(Instant::now())),
             watcher::Event::InitApply(obj) => {
                 if let Some(next) = relist.as_mut() {
                     next.insert(with_type(obj, ar));
                 }
             }
             watcher::Event::InitDone => {
-                let Some(next) = relist.take() else { return };
+                let Some(mut next) = relist.take() else {
+                    return;
+                };
                 let mut index = self.index.write().expect("index lock");
                 // After a re-list, what changed while the watch was down concerns
                 // parents just as much as a watch event (the first list concerns none:
@@ -210,6 +291,7 @@ impl KindCache {
                         self.tell(owner);
                     }
                 }
+                next.keep_tombstones(&mut index);
                 *index = next;
                 drop(index);
                 self.synced.send_replace(true);
@@ -286,6 +368,75 @@ impl KindCache {
             }
             s.changes.send(owner.clone()).is_ok()
         });
+    }
+}
+
+/// A cache that a test feeds with watch events instead of a watch.
+#[cfg(test)]
+pub(super) struct Feed {
+    cache: Arc<KindCache>,
+    relist: Option<Index>,
+    ar: ApiResource,
+}
+
+#[cfg(test)]
+impl Feed {
+    /// An empty cache of `kind` that has not listed yet.
+    pub(super) fn new(kind: &KindRef) -> Self {
+        let (synced, _) = watch::channel(false);
+        Feed {
+            cache: Arc::new(KindCache {
+                kind: kind.clone(),
+                index: RwLock::new(Index::default()),
+                synced,
+                subscribers: Mutex::new(Vec::new()),
+            }),
+            relist: None,
+            ar: api_resource(kind),
+        }
+    }
+
+    /// The cache.
+    pub(super) fn cache(&self) -> Arc<KindCache> {
+        self.cache.clone()
+    }
+
+    /// How many objects the cache holds.
+    pub(super) fn objects(&self) -> usize {
+        self.cache.index.read().unwrap().objects.len()
+    }
+
+    /// Starts a (re-)list: what the cache holds stays until [`Feed::list_done`].
+    pub(super) fn list_start(&mut self) {
+        self.event(watcher::Event::Init);
+    }
+
+    /// Ends the list started with [`Feed::list_start`], which showed `objects`.
+    pub(super) fn list_done(&mut self, objects: impl IntoIterator<Item = DynamicObject>) {
+        for obj in objects {
+            self.event(watcher::Event::InitApply(obj));
+        }
+        self.event(watcher::Event::InitDone);
+    }
+
+    /// A whole (re-)list that showed `objects`.
+    pub(super) fn list(&mut self, objects: impl IntoIterator<Item = DynamicObject>) {
+        self.list_start();
+        self.list_done(objects);
+    }
+
+    /// A watch event: `obj` added or changed.
+    pub(super) fn applied(&mut self, obj: DynamicObject) {
+        self.event(watcher::Event::Apply(obj));
+    }
+
+    /// A watch event: `obj` deleted.
+    pub(super) fn deleted(&mut self, obj: DynamicObject) {
+        self.event(watcher::Event::Delete(obj));
+    }
+
+    fn event(&mut self, event: watcher::Event<DynamicObject>) {
+        self.cache.apply(event, &mut self.relist, &self.ar);
     }
 }
 
@@ -395,6 +546,8 @@ struct Index {
     /// Objects seen deleted (and not seen again), with the deletion's resourceVersion:
     /// a write that the object's deletion followed is shown by the cache too.
     deleted: HashMap<Key, Option<String>>,
+    /// When the list this index was built from was asked for (none: not listed).
+    listed_at: Option<Instant>,
 }
 
 /// Tombstones kept at most; past that they are dropped, and an expectation on a
@@ -408,16 +561,43 @@ pub enum Cached {
     Present(Arc<DynamicObject>),
     /// Its deletion, at this resourceVersion.
     Deleted(Option<String>),
-    /// Nothing known.
+    /// No object: the cache listed the kind, with a list request started at
+    /// `listed_at`, and has not seen it since. It did not exist then, or its deletion
+    /// was not seen (made while the watch was down: a re-list has no tombstones).
+    Unlisted {
+        /// When the list the cache holds was asked for.
+        listed_at: Instant,
+    },
+    /// Nothing known (the cache has not listed the kind yet).
     Absent,
 }
 
 impl Index {
+    /// An empty index for a list asked for at `listed_at`.
+    fn listed(listed_at: Instant) -> Self {
+        Index {
+            listed_at: Some(listed_at),
+            ..Index::default()
+        }
+    }
+
     fn lookup(&self, key: &Key) -> Cached {
-        match (self.objects.get(key), self.deleted.get(key)) {
-            (Some(obj), _) => Cached::Present(obj.clone()),
-            (None, Some(rv)) => Cached::Deleted(rv.clone()),
-            (None, None) => Cached::Absent,
+        match (self.objects.get(key), self.deleted.get(key), self.listed_at) {
+            (Some(obj), _, _) => Cached::Present(obj.clone()),
+            (None, Some(rv), _) => Cached::Deleted(rv.clone()),
+            (None, None, Some(listed_at)) => Cached::Unlisted { listed_at },
+            (None, None, None) => Cached::Absent,
+        }
+    }
+
+    /// Takes over the tombstones of `old` (the index a re-list replaces) of objects the
+    /// list does not show: they are still deleted, and their deletion's version says
+    /// more than the list's absence.
+    fn keep_tombstones(&mut self, old: &mut Index) {
+        for (key, rv) in old.deleted.drain() {
+            if !self.objects.contains_key(&key) && self.deleted.len() < MAX_TOMBSTONES {
+                self.deleted.insert(key, rv);
+            }
         }
     }
 
@@ -487,115 +667,10 @@ impl Index {
     }
 }
 
-/// What the host wrote for one parent, which the caches must show before the parent's
-/// next reconcile may trust them (controller-runtime's "expectations").
-#[derive(Debug, Clone, Default)]
-pub struct Written {
-    /// Children applied: (kind index, key, resourceVersion returned by the write).
-    pub applied: Vec<(usize, Key, Option<String>)>,
-    /// Children pruned: (kind index, key, UID deleted).
-    pub pruned: Vec<(usize, Key, Option<String>)>,
-}
-
-impl Written {
-    /// Whether nothing was written.
-    pub fn is_empty(&self) -> bool {
-        self.applied.is_empty() && self.pruned.is_empty()
-    }
-}
-
-/// Per parent UID, the writes the caches have not shown yet.
-#[derive(Default)]
-pub struct Expectations {
-    pending: Mutex<HashMap<String, (Written, Instant)>>,
-}
-
-/// Whether a parent's caches caught up with what was written for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheState {
-    /// Nothing pending: the caches can be trusted.
-    Current,
-    /// Some writes are not in the caches yet: wait.
-    Behind,
-    /// Waited longer than the limit: trust the caches anyway (logged).
-    GaveUp,
-}
-
-impl Expectations {
-    /// Records what was written for the parent `uid` (nothing: forgets it).
-    pub fn expect(&self, uid: &str, written: Written) {
-        let mut pending = self.pending.lock().expect("expectations lock");
-        if written.is_empty() {
-            pending.remove(uid);
-        } else {
-            pending.insert(uid.to_string(), (written, Instant::now()));
-        }
-    }
-
-    /// Forgets the parent `uid` (deleted).
-    pub fn forget(&self, uid: &str) {
-        self.pending.lock().expect("expectations lock").remove(uid);
-    }
-
-    /// Whether the caches show everything written for `uid` (`seen` looks a key up by
-    /// kind index); waits at most `limit` from the write. An applied child is shown by
-    /// its written version or a later one, or by a deletion after the write (deleted by
-    /// hand or by someone else: waiting for the written version would wait forever).
-    pub fn check(
-        &self,
-        uid: &str,
-        seen: impl Fn(usize, &Key) -> Cached,
-        limit: Duration,
-    ) -> CacheState {
-        let mut pending = self.pending.lock().expect("expectations lock");
-        let Some((written, since)) = pending.get(uid) else {
-            return CacheState::Current;
-        };
-        let applied = written
-            .applied
-            .iter()
-            .all(|(index, key, rv)| match seen(*index, key) {
-                Cached::Present(obj) => {
-                    is_at_least(obj.metadata.resource_version.as_deref(), rv.as_deref())
-                }
-                Cached::Deleted(at) => is_at_least(at.as_deref(), rv.as_deref()),
-                Cached::Absent => false,
-            });
-        let pruned = written
-            .pruned
-            .iter()
-            .all(|(index, key, uid)| match seen(*index, key) {
-                Cached::Present(obj) => obj.metadata.uid != *uid,
-                Cached::Deleted(_) | Cached::Absent => true,
-            });
-        if applied && pruned {
-            pending.remove(uid);
-            CacheState::Current
-        } else if since.elapsed() > limit {
-            pending.remove(uid);
-            CacheState::GaveUp
-        } else {
-            CacheState::Behind
-        }
-    }
-}
-
-/// Whether the cached resourceVersion `have` is the written one `want` or a later one.
-/// resourceVersions are opaque to clients, but the API server's are etcd revisions:
-/// compared as numbers when both are, else only equality counts.
-pub fn is_at_least(have: Option<&str>, want: Option<&str>) -> bool {
-    match (have, want) {
-        (_, None) => true,
-        (None, Some(_)) => false,
-        (Some(h), Some(w)) => match (h.parse::<u64>(), w.parse::<u64>()) {
-            (Ok(h), Ok(w)) => h >= w,
-            _ => h == w,
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::fake_api;
+    use super::super::freshness::{CacheState, Expectations, Written};
     use super::*;
     use serde_json::json;
 
@@ -776,14 +851,117 @@ mod tests {
         assert!(matches!(cache.lookup(&key("a-0")), Cached::Present(_)));
     }
 
+    fn configmaps() -> KindRef {
+        KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        }
+    }
+
+    fn applied_a0_at(rv: &str) -> Written {
+        Written {
+            applied: vec![(0, key("a-0"), Some(rv.into()))],
+            pruned: vec![],
+        }
+    }
+
     #[test]
-    fn resource_versions_compare_as_revisions() {
-        assert!(is_at_least(Some("12"), Some("9")));
-        assert!(is_at_least(Some("9"), Some("9")));
-        assert!(!is_at_least(Some("8"), Some("9")));
-        assert!(!is_at_least(None, Some("9")));
-        assert!(is_at_least(Some("x"), Some("x")));
-        assert!(!is_at_least(Some("y"), Some("x")));
-        assert!(is_at_least(None, None));
+    fn a_child_deleted_while_the_watch_was_down_meets_its_expectation_after_the_relist() {
+        let limit = Duration::from_secs(30);
+        let mut feed = Feed::new(&configmaps());
+        let cache = feed.cache();
+        let seen = |_: usize, k: &Key| cache.lookup(k);
+        feed.list([cm("a-0", Some("uid-a"), "5")]);
+        let expectations = Expectations::default();
+        expectations.expect("uid-a", applied_a0_at("7"));
+        assert_eq!(expectations.check("uid-a", seen, limit), CacheState::Behind);
+        // The watch breaks; a-0 is deleted meanwhile, and the re-list does not show it.
+        feed.list([cm("b-0", Some("uid-b"), "9")]);
+        assert_eq!(
+            expectations.check("uid-a", seen, limit),
+            CacheState::Current,
+            "a list made after the write shows its deletion by the absence of a-0"
+        );
+        // A re-list asked for before the write completed says nothing about it.
+        feed.list_start();
+        expectations.expect("uid-a", applied_a0_at("11"));
+        feed.list_done([cm("b-0", Some("uid-b"), "9")]);
+        assert_eq!(expectations.check("uid-a", seen, limit), CacheState::Behind);
+        // A cache that has not listed yet knows nothing either.
+        let unlisted = Feed::new(&configmaps()).cache();
+        expectations.expect("uid-a", applied_a0_at("11"));
+        assert_eq!(
+            expectations.check("uid-a", |_, k| unlisted.lookup(k), limit),
+            CacheState::Behind
+        );
+    }
+
+    #[test]
+    fn a_relist_keeps_the_tombstones_of_what_it_does_not_show() {
+        let mut feed = Feed::new(&configmaps());
+        let cache = feed.cache();
+        feed.list([cm("a-0", Some("uid-a"), "5"), cm("b-0", Some("uid-b"), "6")]);
+        feed.deleted(cm("a-0", Some("uid-a"), "8"));
+        feed.deleted(cm("b-0", Some("uid-b"), "9"));
+        // b-0 is re-created while the watch is down: the re-list shows it.
+        feed.list([cm("b-0", Some("uid-b"), "12")]);
+        assert!(matches!(cache.lookup(&key("a-0")), Cached::Deleted(Some(rv)) if rv == "8"));
+        assert!(matches!(cache.lookup(&key("b-0")), Cached::Present(_)));
+        assert!(matches!(cache.lookup(&key("c-0")), Cached::Unlisted { .. }));
+    }
+
+    fn caches(store: &fake_api::Store) -> (ChildCaches, fake_api::Calls) {
+        let (client, calls) = store.client();
+        let caches = ChildCaches::new(client, None, None, Arc::new(Metrics::default()));
+        (caches, calls)
+    }
+
+    fn services() -> KindRef {
+        KindRef {
+            kind: "Service".into(),
+            plural: "services".into(),
+            ..configmaps()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kind_is_watched_while_a_controller_declares_it() {
+        let store = fake_api::Store::new();
+        let (caches, calls) = caches(&store);
+        let first = caches.watch(&configmaps());
+        let second = caches.watch(&configmaps());
+        let service = caches.watch(&services());
+        assert_eq!(caches.watched(), ["v1/ConfigMap", "v1/Service"]);
+        assert!(
+            Arc::ptr_eq(first.cache(), second.cache()),
+            "one cache a kind"
+        );
+        assert!(first.cache().synced(Duration::from_secs(10)).await);
+        // The list is a consistent read (no resourceVersion=0, which the API server
+        // may answer from a cache older than the host's last write).
+        let lists: Vec<_> = calls
+            .all()
+            .into_iter()
+            .filter(|c| c.path == "/api/v1/configmaps" && !c.has_query("watch=true"))
+            .collect();
+        assert!(!lists.is_empty());
+        assert!(
+            lists.iter().all(|c| !c.has_query("resourceVersion=0")),
+            "{:?}",
+            lists.iter().map(|c| &c.query).collect::<Vec<_>>()
+        );
+        drop(first);
+        assert_eq!(caches.watched(), ["v1/ConfigMap", "v1/Service"]);
+        drop(second);
+        assert_eq!(caches.watched(), ["v1/Service"]);
+        drop(service);
+        assert!(caches.watched().is_empty());
+        // Watched again: a new watch, which lists again.
+        let again = caches.watch(&configmaps());
+        assert!(again.cache().synced(Duration::from_secs(10)).await);
+        assert_eq!(caches.watched(), ["v1/ConfigMap"]);
     }
 }

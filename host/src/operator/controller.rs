@@ -15,7 +15,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::task::JoinHandle;
 
-use super::children::{ChildCaches, ControllerRef, KindCache};
+use super::children::{ChildCaches, ControllerRef, KindCache, KindWatch};
 use super::cluster::{ChildKinds, ClusterWrites, api_resource};
 use super::freshness::OwnWrites;
 use super::leader::WriteFence;
@@ -43,9 +43,12 @@ pub struct ControllerOptions {
     pub shard: Option<Buckets>,
 }
 
-/// A running controller; stopping it aborts its task.
+/// A running controller; stopping it aborts its task and lets go of its child kinds'
+/// watches (a kind no other controller declares is no longer watched).
 pub struct RunningController {
     task: JoinHandle<()>,
+    /// Held for as long as the controller runs.
+    watches: Vec<KindWatch>,
 }
 
 impl RunningController {
@@ -101,8 +104,8 @@ impl RunningController {
         .predicate_filter(spec_or_deletion, PredicateConfig::default());
 
         let children = ChildKinds::new(&info.children);
-        let kind_caches: Vec<Arc<KindCache>> =
-            info.children.iter().map(|k| caches.get(k)).collect();
+        let watches: Vec<KindWatch> = info.children.iter().map(|k| caches.watch(k)).collect();
+        let kind_caches: Vec<Arc<KindCache>> = watches.iter().map(|w| w.cache().clone()).collect();
         let triggers = futures::stream::select_all(
             kind_caches
                 .iter()
@@ -132,7 +135,7 @@ impl RunningController {
                 })
                 .await;
         });
-        RunningController { task }
+        RunningController { task, watches }
     }
 
     /// Whether the controller's task ended (it only ends when stopped, or on a panic).
@@ -145,6 +148,7 @@ impl RunningController {
     pub async fn stop(self) {
         self.task.abort();
         let _ = self.task.await;
+        drop(self.watches);
     }
 }
 

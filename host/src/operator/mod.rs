@@ -12,6 +12,8 @@ mod leader;
 mod membership;
 mod metrics;
 mod parent;
+#[cfg(test)]
+mod pipeline_tests;
 mod reconcile;
 mod registry;
 mod watch_client;

@@ -12,11 +12,11 @@ use kube::runtime::controller::Action;
 use serde_json::Value;
 use tracing::{debug, info, instrument, warn};
 
-use super::children::{CacheState, Cached, Expectations, Key, KindCache, Written};
+use super::children::{Cached, Key, KindCache};
 use super::cluster::{
     self, ChildKinds, ChildOutcome, ClusterWrites, ErrorClass, OwnershipConflict,
 };
-use super::freshness::{AppliedChildren, OwnWrites};
+use super::freshness::{AppliedChildren, CacheState, Expectations, OwnWrites, Written};
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use crate::contract::{Observed, ObservedChild, PluginError};
@@ -634,6 +634,33 @@ async fn report_failure(obj: &DynamicObject, parent: &Value, ctx: &Context, fail
     }
     let event = plan::warning(failure.reason(), failure.to_string());
     ctx.cluster.publish(obj, &event).await;
+}
+
+/// What the per-parent maps of a context hold, for the pipeline tests.
+#[cfg(test)]
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Tracked {
+    pub expectations: usize,
+    pub applied: usize,
+    pub failures: usize,
+}
+
+#[cfg(test)]
+impl Context {
+    pub(super) fn tracked(&self) -> Tracked {
+        Tracked {
+            expectations: self.expectations.len(),
+            applied: self.applied.len(),
+            failures: self.failures.lock().unwrap().len(),
+        }
+    }
+
+    /// Makes the next use of each map sweep it, as if its period had passed.
+    pub(super) fn make_sweeps_due(&self) {
+        self.expectations.make_sweep_due();
+        self.applied.make_sweep_due();
+        self.own_writes.make_sweep_due();
+    }
 }
 
 #[cfg(test)]

@@ -1,15 +1,96 @@
 //! On-disk cache of compiled components, keyed by the component's sha256 and the
 //! engine's compatibility hash, so that a restart does not recompile every plugin.
+//!
+//! The directory is bounded: it keeps the entry of every plugin loaded (held by a
+//! [`CacheEntry`]: in this process, and through a shared file lock in any other process
+//! that uses the same directory, such as `capstan render` beside `capstan run`) plus the
+//! [`KEPT_UNUSED`] most recently used others; the rest (plugins removed or replaced,
+//! entries of other engine versions) is deleted whenever a new entry is written.
 
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine};
 
+/// Entries of plugins not loaded in this process that the directory keeps, the most
+/// recently used first: a plugin removed and put back, or a rollback to the previous
+/// version, still starts from compiled code.
+pub const KEPT_UNUSED: usize = 8;
+
+/// Entries that are temporary files of a writer or a loader (`*.tmp<pid>`,
+/// `*.load<pid>-<n>`) are only removed once this old: a live process may be using them.
+const STRAY_AGE: Duration = Duration::from_secs(3600);
+
+/// The cache entries loaded plugins of this process use, with how many use each.
+static IN_USE: Mutex<Option<HashMap<PathBuf, usize>>> = Mutex::new(None);
+
+/// A loaded plugin's hold on its cache entry: while it lives, the entry is not evicted,
+/// by this process (a count by path) nor by another one (a shared lock on the file).
+#[derive(Debug)]
+pub struct CacheEntry {
+    path: PathBuf,
+    /// The entry, open and locked shared once it exists.
+    locked: Option<std::fs::File>,
+}
+
+impl CacheEntry {
+    fn hold(path: &Path) -> Self {
+        let mut in_use = IN_USE.lock().expect("cache holds lock");
+        *in_use
+            .get_or_insert_with(HashMap::new)
+            .entry(path.to_path_buf())
+            .or_default() += 1;
+        CacheEntry {
+            path: path.to_path_buf(),
+            locked: None,
+        }
+    }
+
+    /// Takes the shared lock on the entry, which now exists (best effort: without it,
+    /// only another process could evict the entry, and this one loses nothing but the
+    /// compiled code of its next start).
+    fn lock(&mut self) {
+        let locked = std::fs::File::open(&self.path).and_then(|f| f.lock_shared().map(|()| f));
+        match locked {
+            Ok(file) => self.locked = Some(file),
+            Err(err) => {
+                tracing::debug!(path = %self.path.display(), "cannot lock the cache entry: {err}")
+            }
+        }
+    }
+}
+
+impl Drop for CacheEntry {
+    fn drop(&mut self) {
+        let mut in_use = IN_USE.lock().expect("cache holds lock");
+        let Some(holds) = in_use.as_mut() else {
+            return;
+        };
+        if let Some(n) = holds.get_mut(&self.path) {
+            *n -= 1;
+            if *n == 0 {
+                holds.remove(&self.path);
+            }
+        }
+    }
+}
+
+fn in_use(path: &Path) -> bool {
+    IN_USE
+        .lock()
+        .expect("cache holds lock")
+        .as_ref()
+        .is_some_and(|holds| holds.contains_key(path))
+}
+
 /// Compiles `bytes`, or loads the code compiled earlier for the same bytes and engine.
 /// `compiler` is the configuration of `engine` for compiling (see [`precompile`]).
+/// With a cache, also returns the hold on the entry, for the plugin to keep.
 ///
 /// A cache that cannot be read or written is not an error: the component is compiled
 /// and the problem logged.
@@ -19,18 +100,21 @@ pub fn compile(
     cache_dir: Option<&Path>,
     bytes: &[u8],
     sha256: &str,
-) -> wasmtime::Result<Component> {
+) -> wasmtime::Result<(Component, Option<CacheEntry>)> {
     let Some(dir) = cache_dir else {
         let component = precompile(compiler, bytes).and_then(|c| deserialize_bytes(engine, &c));
         return_freed_memory();
-        return component;
+        return Ok((component?, None));
     };
     let path = dir.join(format!("{sha256}-{:016x}.cwasm", compatibility(engine)));
+    let mut entry = CacheEntry::hold(&path);
     if path.exists() {
         match deserialize(engine, &path) {
             Ok(component) => {
                 tracing::debug!(path = %path.display(), "compiled code taken from the cache");
-                return Ok(component);
+                mark_used(&path);
+                entry.lock();
+                return Ok((component, Some(entry)));
             }
             Err(err) => {
                 tracing::warn!(path = %path.display(), "ignoring unusable cache entry: {err}")
@@ -39,7 +123,79 @@ pub fn compile(
     }
     let component = compile_into(engine, compiler, dir, &path, bytes);
     return_freed_memory();
-    component
+    entry.lock();
+    Ok((component?, Some(entry)))
+}
+
+/// Deletes `path` unless another process holds it (a shared lock): whether it went.
+fn remove_unlocked(path: &Path) -> std::io::Result<bool> {
+    let file = std::fs::File::open(path)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+        Err(std::fs::TryLockError::Error(err)) => return Err(err),
+    }
+    std::fs::remove_file(path)?;
+    Ok(true)
+}
+
+/// Dates the entry `path` as just used, for [`evict`] (best effort).
+fn mark_used(path: &Path) {
+    let touched = std::fs::File::options()
+        .append(true)
+        .open(path)
+        .and_then(|f| f.set_modified(SystemTime::now()));
+    if let Err(err) = touched {
+        tracing::debug!(path = %path.display(), "cannot date the cache entry: {err}");
+    }
+}
+
+/// Deletes the entries of `dir` that no loaded plugin holds, but the `keep` most
+/// recently used; and stray temporary files older than [`STRAY_AGE`]. Returns how many
+/// files went. Best effort: what cannot be read or deleted is left.
+pub fn evict(dir: &Path, keep: usize) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let now = SystemTime::now();
+    let mut unused: Vec<(SystemTime, PathBuf)> = Vec::new();
+    let mut stray: Vec<PathBuf> = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("cwasm") if !in_use(&path) => unused.push((modified, path)),
+            Some(e)
+                if (e.starts_with("tmp") || e.starts_with("load"))
+                    && now
+                        .duration_since(modified)
+                        .is_ok_and(|age| age > STRAY_AGE) =>
+            {
+                stray.push(path)
+            }
+            _ => {}
+        }
+    }
+    unused.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
+    let doomed = unused.into_iter().skip(keep).map(|(_, p)| p).chain(stray);
+    let mut removed = 0;
+    for path in doomed {
+        match remove_unlocked(&path) {
+            Ok(true) => removed += 1,
+            Ok(false) => {}
+            Err(err) => {
+                tracing::debug!(path = %path.display(), "cannot evict from the compile cache: {err}")
+            }
+        }
+    }
+    if removed > 0 {
+        tracing::info!(dir = %dir.display(), removed, "compile cache entries evicted");
+    }
+    removed
 }
 
 /// Compiles `bytes` into the cache entry `path` and loads it.
@@ -55,6 +211,7 @@ fn compile_into(
         tracing::warn!(dir = %dir.display(), "cannot write the compile cache: {err}");
         return deserialize_bytes(engine, &serialized);
     }
+    evict(dir, KEPT_UNUSED);
     // Mapped from the file rather than kept from `serialized`: see `deserialize`.
     deserialize(engine, path).or_else(|_| deserialize_bytes(engine, &serialized))
 }
@@ -132,4 +289,148 @@ fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
 fn deserialize_bytes(engine: &Engine, serialized: &[u8]) -> wasmtime::Result<Component> {
     // SAFETY: `serialized` was produced by `precompile_component` of this very engine.
     unsafe { Component::deserialize(engine, serialized) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file standing for a cache entry, dated `age_secs` ago.
+    fn entry(dir: &Path, name: &str, age_secs: u64) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, b"compiled").unwrap();
+        let file = std::fs::File::options().append(true).open(&path).unwrap();
+        file.set_modified(SystemTime::now() - Duration::from_secs(age_secs))
+            .unwrap();
+        path
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn eviction_keeps_held_entries_and_the_most_recently_used_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let held = entry(d, "held-0.cwasm", 10_000);
+        let _hold = CacheEntry::hold(&held);
+        for i in 0..5 {
+            entry(d, &format!("e{i}-0.cwasm"), 100 * (5 - i));
+        }
+        entry(d, "old.tmp42", 2 * STRAY_AGE.as_secs());
+        entry(d, "young.tmp43", 1);
+        entry(d, "old.load42-0", 2 * STRAY_AGE.as_secs());
+        entry(d, "unrelated.txt", 2 * STRAY_AGE.as_secs());
+        assert_eq!(evict(d, 2), 5);
+        assert_eq!(
+            files(d),
+            [
+                "e3-0.cwasm",
+                "e4-0.cwasm",
+                "held-0.cwasm",
+                "unrelated.txt",
+                "young.tmp43"
+            ]
+        );
+        // An entry another process holds (a shared lock) stays too.
+        let theirs = std::fs::File::open(d.join("e3-0.cwasm")).unwrap();
+        theirs.lock_shared().unwrap();
+        assert_eq!(evict(d, 0), 1, "e4 went, e3 is held elsewhere");
+        assert!(files(d).contains(&"e3-0.cwasm".to_string()));
+        drop(theirs);
+        entry(d, "e4-0.cwasm", 50);
+        // A use makes an entry the most recent.
+        mark_used(&d.join("e3-0.cwasm"));
+        entry(d, "e5-0.cwasm", 0);
+        evict(d, 2);
+        assert!(files(d).contains(&"e3-0.cwasm".to_string()));
+        assert!(!files(d).contains(&"e4-0.cwasm".to_string()));
+    }
+
+    #[test]
+    fn plugins_loaded_and_removed_leave_the_cache_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // A cache in its steady state: full of entries of earlier runs.
+        for i in 0..KEPT_UNUSED {
+            entry(d, &format!("earlier{i}-0.cwasm"), 1_000 + i as u64);
+        }
+        let cwasm = |d: &Path| files(d).iter().filter(|f| f.ends_with(".cwasm")).count();
+        let mut loaded: std::collections::VecDeque<CacheEntry> = Default::default();
+        for i in 0..1_000 {
+            // At most three versions are loaded at once: the oldest is removed first.
+            if loaded.len() == 3 {
+                loaded.pop_front();
+            }
+            // A plugin version loaded: its entry is held, then written, then the
+            // directory is evicted, as `compile` does.
+            let path = d.join(format!("v{i}-0.cwasm"));
+            loaded.push_back(CacheEntry::hold(&path));
+            std::fs::write(&path, b"compiled").unwrap();
+            evict(d, KEPT_UNUSED);
+            assert!(path.exists(), "a loaded plugin's entry stays");
+            assert!(cwasm(d) <= loaded.len() + KEPT_UNUSED, "{:?}", files(d));
+        }
+        loaded.clear();
+        evict(d, KEPT_UNUSED);
+        assert_eq!(cwasm(d), KEPT_UNUSED);
+    }
+
+    /// `component` with a custom section named `name` at the end: other bytes (another
+    /// sha256), the same plugin.
+    fn variant(component: &[u8], name: &str) -> Vec<u8> {
+        assert!(name.len() < 100);
+        let mut out = component.to_vec();
+        out.push(0); // custom section
+        out.push(u8::try_from(name.len() + 1).unwrap());
+        out.push(u8::try_from(name.len()).unwrap());
+        out.extend_from_slice(name.as_bytes());
+        out
+    }
+
+    #[test]
+    fn a_loaded_plugins_entry_outlives_newer_ones_and_goes_once_it_is_unloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox = super::super::Sandbox::new(super::super::SandboxConfig {
+            cache_dir: Some(dir.path().to_path_buf()),
+            instances: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        let path = capstan_e2e::operator::test_plugin("fickle");
+        let bytes = std::fs::read(&path).unwrap();
+        let load = |name: &str| sandbox.load_bytes(&variant(&bytes, name), &path).unwrap();
+        let entry_of = |p: &super::super::Plugin| {
+            files(dir.path())
+                .into_iter()
+                .find(|f| f.starts_with(p.sha256()))
+                .unwrap_or_else(|| panic!("no entry of {}", p.sha256()))
+        };
+        let first = load("first");
+        let first_entry = entry_of(&first);
+        // Newer entries of plugins no longer loaded, as many as are kept.
+        for i in 0..KEPT_UNUSED {
+            let newer = dir.path().join(format!("newer{i}-0.cwasm"));
+            std::fs::write(&newer, b"compiled").unwrap();
+            let file = std::fs::File::options().append(true).open(&newer).unwrap();
+            file.set_modified(SystemTime::now() + Duration::from_secs(3600))
+                .unwrap();
+        }
+        let second = load("second");
+        assert!(files(dir.path()).contains(&first_entry), "loaded: kept");
+        drop(first);
+        let third = load("third");
+        assert!(
+            !files(dir.path()).contains(&first_entry),
+            "unloaded and oldest: evicted"
+        );
+        entry_of(&second);
+        entry_of(&third);
+    }
 }

@@ -256,7 +256,7 @@ impl Sandbox {
             reason,
         })?;
         let sha256 = sha256_hex(bytes);
-        let component = cache::compile(
+        let (component, cached) = cache::compile(
             &self.engine,
             &self.compiler,
             self.config.cache_dir.as_deref(),
@@ -298,6 +298,7 @@ impl Sandbox {
                 sha256,
                 path: path.to_owned(),
                 slow: SlowUntil::default(),
+                _cache_entry: None,
             }),
         };
         let info = plugin.describe().map_err(|e| LoadError::Describe {
@@ -318,6 +319,7 @@ impl Sandbox {
                 sha256: inner.sha256.clone(),
                 path: inner.path.clone(),
                 slow: SlowUntil::default(),
+                _cache_entry: cached,
             }),
         })
     }
@@ -386,6 +388,8 @@ struct PluginInner {
     /// Set by a call that ran for an epoch tick or more: until then, its async calls go
     /// straight to the sandbox's runtime (see [`Plugin::spawn`]).
     slow: SlowUntil,
+    /// Keeps the compiled code's cache entry from eviction while the plugin is loaded.
+    _cache_entry: Option<cache::CacheEntry>,
 }
 
 /// How long after a call that ran an epoch tick or more a plugin's async calls start on

@@ -1,0 +1,653 @@
+//! The middle test tier: the rules of one reconcile ([`super::reconcile`]) with a real
+//! test plugin, against the in-memory API server of [`super::fake_api`], with child
+//! caches the test feeds as a watch would. Each test is a scenario of a few reconciles;
+//! none needs a cluster, and the whole set runs in seconds.
+//!
+//! The test plugins are built into target/test-plugins by `cargo xtask plugins`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::DynamicObject;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+
+use super::children::{ChildCaches, Feed};
+use super::cluster::{ChildKinds, ClusterWrites};
+use super::controller::{ControllerOptions, RunningController};
+use super::fake_api::{self, Call, Calls, Store};
+use super::freshness::OwnWrites;
+use super::leader::WriteFence;
+use super::metrics::Metrics;
+use super::parent::CachedParent;
+use super::reconcile::{self, Context, FINALIZER, Tracked};
+use crate::plugin::{Plugin, Sandbox, SandboxConfig};
+
+const NS: &str = "ns";
+
+/// The compile cache of these tests, shared by every test and every run (the cache
+/// evicts what it no longer needs): each plugin is compiled once, and each test loads
+/// it into a sandbox of its own (whose call counts are its own).
+fn cache_dir() -> PathBuf {
+    capstan_e2e::operator::root().join("target/test-compile-cache")
+}
+
+/// Loads the test plugin `name` in a sandbox of its own. On a thread of its own too:
+/// loading blocks on the sandbox's runtime, which a test's runtime may not do.
+fn load(name: &str) -> (Sandbox, Plugin) {
+    let name = name.to_string();
+    std::thread::spawn(move || load_here(&name))
+        .join()
+        .expect("the plugin loads")
+}
+
+fn load_here(name: &str) -> (Sandbox, Plugin) {
+    let sandbox = Sandbox::new(SandboxConfig {
+        deadline: Duration::from_secs(5),
+        memory_limit: 32 << 20,
+        cache_dir: Some(cache_dir()),
+        instances: 4,
+    })
+    .unwrap();
+    let plugin = sandbox
+        .load_file(&capstan_e2e::operator::test_plugin(name))
+        .unwrap_or_else(|e| panic!("{e} (build the test plugins: cargo xtask plugins)"));
+    (sandbox, plugin)
+}
+
+/// One plugin's context against a fake API server, with caches fed by the test.
+struct Scenario {
+    store: Store,
+    calls: Calls,
+    ctx: Arc<Context>,
+    sandbox: Sandbox,
+    plugin: Plugin,
+    /// The caches of the child kinds, in the plugin's order, and the collections
+    /// (paths) they show.
+    feeds: Vec<(Feed, String)>,
+    /// What the feeds showed last, by path: the objects, to send their deletion.
+    shown: HashMap<String, Value>,
+    own_writes: Arc<OwnWrites>,
+    /// The collection of the parent kind in [`NS`].
+    parents: String,
+}
+
+impl Scenario {
+    fn new(plugin: &str) -> Self {
+        let (sandbox, plugin) = load(plugin);
+        let store = Store::new();
+        let (client, calls) = store.client();
+        let info = plugin.info().clone();
+        let mut feeds: Vec<(Feed, String)> = info
+            .children
+            .iter()
+            .map(|k| {
+                let collection = fake_api::path(&k.api_version(), &k.plural, Some(NS), "");
+                (Feed::new(k), collection)
+            })
+            .collect();
+        for (feed, _) in &mut feeds {
+            feed.list([]);
+        }
+        let own_writes = Arc::new(OwnWrites::default());
+        let ctx = Context::new(
+            plugin.clone(),
+            ClusterWrites::new(client, &info.parent, &info.name, WriteFence::default()),
+            ChildKinds::new(&info.children),
+            feeds.iter().map(|(f, _)| f.cache()).collect(),
+            own_writes.clone(),
+            Arc::new(Metrics::with_sandbox(sandbox.metrics())),
+            Duration::from_secs(600),
+        );
+        let parents = fake_api::path(
+            &info.parent.api_version(),
+            &info.parent.plural,
+            Some(NS),
+            "",
+        );
+        Scenario {
+            store,
+            calls,
+            ctx: Arc::new(ctx),
+            sandbox,
+            plugin,
+            feeds,
+            shown: HashMap::new(),
+            own_writes,
+            parents,
+        }
+    }
+
+    /// Creates a parent named `name` with `spec`; returns its path.
+    fn create(&self, name: &str, spec: Value) -> String {
+        let info = self.plugin.info();
+        self.store.create(
+            &self.parents,
+            json!({"apiVersion": info.parent.api_version(), "kind": info.parent.kind,
+                   "metadata": {"name": name}, "spec": spec}),
+        );
+        format!("{}/{name}", self.parents)
+    }
+
+    /// One reconcile of the parent at `path`, as the parent cache holds it now (the
+    /// store's copy: the parent watch is taken to be current).
+    async fn reconcile(&self, path: &str) -> Action {
+        let parent = self.store.get(path).expect("the parent exists");
+        let parent: DynamicObject = serde_json::from_value(parent).unwrap();
+        let cached = Arc::new(CachedParent::new(parent));
+        self.own_writes.seen(&cached);
+        reconcile::reconcile(cached, self.ctx.clone())
+            .await
+            .expect("every failure is reported")
+    }
+
+    /// The child caches catch up with the store, by watch events.
+    fn catch_up(&mut self) {
+        let revision = self.store.revision().to_string();
+        for (feed, collection) in &mut self.feeds {
+            let now: HashMap<String, Value> = self
+                .store
+                .names(collection)
+                .into_iter()
+                .map(|name| {
+                    let path = format!("{collection}/{name}");
+                    let obj = self.store.get(&path).unwrap();
+                    (path, obj)
+                })
+                .collect();
+            for (path, obj) in &now {
+                if self.shown.get(path) != Some(obj) {
+                    feed.applied(serde_json::from_value(obj.clone()).unwrap());
+                    self.shown.insert(path.clone(), obj.clone());
+                }
+            }
+            let gone: Vec<String> = self
+                .shown
+                .keys()
+                .filter(|p| p.starts_with(collection.as_str()) && !now.contains_key(*p))
+                .cloned()
+                .collect();
+            for path in gone {
+                let mut obj = self.shown.remove(&path).unwrap();
+                obj["metadata"]["resourceVersion"] = json!(revision);
+                feed.deleted(serde_json::from_value(obj).unwrap());
+            }
+        }
+    }
+
+    /// The child caches re-list (after their watch broke): they show the store as it is
+    /// now, without a deletion event for what went meanwhile.
+    fn relist(&mut self) {
+        self.shown.clear();
+        for (feed, collection) in &mut self.feeds {
+            let objects: Vec<DynamicObject> = self
+                .store
+                .names(collection)
+                .into_iter()
+                .map(|name| {
+                    let path = format!("{collection}/{name}");
+                    let obj = self.store.get(&path).unwrap();
+                    self.shown.insert(path, obj.clone());
+                    serde_json::from_value(obj).unwrap()
+                })
+                .collect();
+            feed.list(objects);
+        }
+    }
+
+    /// A mark in the request log, for [`Scenario::writes_since`].
+    fn mark(&self) -> usize {
+        self.calls.all().len()
+    }
+
+    /// The writes since `mark`, as `verb kind/name`: `write` (a child applied or
+    /// created), `delete`, `status`, `patch` (the parent's metadata: finalizers).
+    fn writes_since(&self, mark: usize) -> Vec<String> {
+        self.calls.all()[mark..]
+            .iter()
+            .filter_map(describe_write)
+            .collect()
+    }
+
+    /// The plugin calls made so far (reconcile and finalize).
+    fn plugin_calls(&self) -> u64 {
+        let summary = self.sandbox.metrics().summary(&self.plugin.info().name);
+        summary.calls.values().copied().sum()
+    }
+
+    fn tracked(&self) -> Tracked {
+        self.ctx.tracked()
+    }
+}
+
+/// `verb plural/name` of a write request; none for reads and events.
+fn describe_write(call: &Call) -> Option<String> {
+    if call.path.contains("/events") {
+        return None;
+    }
+    let segments: Vec<&str> = call.path.split('/').collect();
+    let object = |plural_at: usize| format!("{}/{}", segments[plural_at], segments[plural_at + 1]);
+    let n = segments.len();
+    Some(match call.method {
+        http::Method::GET => return None,
+        http::Method::POST => format!(
+            "write {}/{}",
+            segments[n - 1],
+            call.body["metadata"]["name"].as_str().unwrap_or_default()
+        ),
+        http::Method::DELETE => format!("delete {}", object(n - 2)),
+        http::Method::PATCH if call.path.ends_with("/status") => {
+            format!("status {}", object(n - 3))
+        }
+        http::Method::PATCH if call.query.contains("fieldManager=") => {
+            format!("write {}", object(n - 2))
+        }
+        _ => format!("patch {}", object(n - 2)),
+    })
+}
+
+fn configmaps() -> String {
+    fake_api::path("v1", "configmaps", Some(NS), "")
+}
+
+fn cm(parent: &str, i: u32) -> String {
+    format!("{}/{parent}-{i}", configmaps())
+}
+
+/// The resync a converged parent waits for: anything but the short requeues of a
+/// reconcile that could not finish.
+fn is_resync(action: &Action) -> bool {
+    *action != Action::requeue(Duration::from_millis(200)) && *action != Action::await_change()
+}
+
+#[tokio::test]
+async fn children_are_written_before_the_status_and_an_unchanged_status_is_not_written() {
+    let mut s = Scenario::new("widget");
+    let w = s.create("w", json!({"count": 2, "message": "hi"}));
+    let mark = s.mark();
+    assert!(is_resync(&s.reconcile(&w).await));
+    assert_eq!(
+        s.writes_since(mark),
+        [
+            "write configmaps/w-0",
+            "write configmaps/w-1",
+            "status widgets/w"
+        ]
+    );
+    let status = s.store.get(&w).unwrap()["status"].clone();
+    assert_eq!(status["configMaps"], 2, "{status}");
+    assert_eq!(status["conditions"][0]["type"], "Ready", "{status}");
+
+    // The caches show the children: the plugin reports them in its status.
+    s.catch_up();
+    let mark = s.mark();
+    s.reconcile(&w).await;
+    assert_eq!(s.writes_since(mark), ["status widgets/w"]);
+    assert_eq!(
+        s.store.get(&w).unwrap()["status"]["observedConfigMaps"],
+        json!(["w-0", "w-1"])
+    );
+
+    // Nothing changed since: nothing is written, neither children nor status.
+    s.catch_up();
+    let (mark, calls) = (s.mark(), s.plugin_calls());
+    assert!(is_resync(&s.reconcile(&w).await));
+    assert_eq!(s.writes_since(mark), Vec::<String>::new());
+    assert_eq!(s.plugin_calls(), calls + 1, "the plugin was asked");
+}
+
+/// Converges a widget `name` with `count` ConfigMaps; the caches show them.
+async fn converged(s: &mut Scenario, name: &str, count: u32) -> String {
+    let w = s.create(name, json!({"count": count, "message": "one"}));
+    for _ in 0..3 {
+        s.reconcile(&w).await;
+        s.catch_up();
+    }
+    let mark = s.mark();
+    s.reconcile(&w).await;
+    assert_eq!(s.writes_since(mark), Vec::<String>::new(), "converged");
+    w
+}
+
+#[tokio::test]
+async fn children_no_longer_desired_are_pruned_after_every_apply_with_their_uid() {
+    let mut s = Scenario::new("widget");
+    let w = converged(&mut s, "w", 3).await;
+    let uids: BTreeSet<String> = (1..3)
+        .map(|i| s.store.get(&cm("w", i)).unwrap()["metadata"]["uid"].to_string())
+        .collect();
+    s.store.update(&w, |o| {
+        o["spec"] = json!({"count": 1, "message": "two"});
+    });
+    let mark = s.mark();
+    s.reconcile(&w).await;
+    let writes = s.writes_since(mark);
+    assert_eq!(writes.len(), 4, "{writes:?}");
+    assert_eq!(writes[0], "write configmaps/w-0");
+    assert_eq!(
+        writes[1..3].iter().collect::<BTreeSet<_>>(),
+        BTreeSet::from([
+            &"delete configmaps/w-1".to_string(),
+            &"delete configmaps/w-2".to_string()
+        ])
+    );
+    assert_eq!(writes[3], "status widgets/w");
+    let deletes: BTreeSet<String> = s.calls.all()[mark..]
+        .iter()
+        .filter(|c| c.method == http::Method::DELETE)
+        .map(|c| c.body["preconditions"]["uid"].to_string())
+        .collect();
+    assert_eq!(deletes, uids, "each delete is of the very object observed");
+    assert_eq!(s.store.names(&configmaps()), ["w-0"]);
+}
+
+#[tokio::test]
+async fn nothing_is_pruned_before_every_apply_succeeded() {
+    let mut s = Scenario::new("widget");
+    let w = converged(&mut s, "w", 3).await;
+    s.store.update(&w, |o| {
+        o["spec"] = json!({"count": 2, "message": "two"});
+    });
+    // The API server fails the second apply.
+    s.store.inject(|call: &Call| {
+        let second = call.method != http::Method::GET
+            && (call.path.ends_with("/configmaps/w-1") || call.body["metadata"]["name"] == "w-1");
+        second.then(|| fake_api::status(500, "InternalError", "etcd is unwell"))
+    });
+    let mark = s.mark();
+    s.reconcile(&w).await;
+    assert_eq!(
+        s.writes_since(mark),
+        ["write configmaps/w-0", "write configmaps/w-1"],
+        "no prune (of w-2) and no status after a failed apply"
+    );
+    assert!(s.store.get(&cm("w", 2)).is_some());
+
+    // Once the apply goes through, w-2 is pruned.
+    s.store.heal();
+    s.catch_up();
+    let mark = s.mark();
+    s.reconcile(&w).await;
+    let writes = s.writes_since(mark);
+    assert!(
+        writes.contains(&"delete configmaps/w-2".to_string()),
+        "{writes:?}"
+    );
+    let delete = writes.iter().position(|w| w.starts_with("delete")).unwrap();
+    assert!(
+        writes[..delete].contains(&"write configmaps/w-1".to_string()),
+        "{writes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_prune_never_deletes_an_object_another_parent_controls() {
+    let mut s = Scenario::new("widget");
+    let w = converged(&mut s, "w", 2).await;
+    let other = s.create("other", json!({"count": 0}));
+    let other_uid = s.store.get(&other).unwrap()["metadata"]["uid"].clone();
+    let foreign = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "capstan"},
+                   "ownerReferences": [{"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+                       "name": "other", "uid": other_uid, "controller": true}]}})
+    };
+    let configmaps = configmaps();
+    // w-1 is deleted and made again by another controller; the cache has not seen it.
+    s.store.delete(&cm("w", 1));
+    s.store.create(&configmaps, foreign("w-1"));
+    // And another parent's object with a name of the same pattern, which the cache shows.
+    s.store.create(&configmaps, foreign("w-5"));
+    s.catch_up_only(&cm("w", 5));
+    s.store.update(&w, |o| {
+        o["spec"]["count"] = json!(1);
+    });
+    let mark = s.mark();
+    s.reconcile(&w).await;
+    let writes = s.writes_since(mark);
+    assert!(
+        writes.contains(&"delete configmaps/w-1".to_string()),
+        "{writes:?}"
+    );
+    assert!(!writes.contains(&"delete configmaps/w-5".to_string()));
+    for name in ["w-1", "w-5"] {
+        let survivor = s.store.get(&format!("{configmaps}/{name}")).unwrap();
+        assert_eq!(
+            survivor["metadata"]["ownerReferences"][0]["uid"], other_uid,
+            "{name} was not deleted: the UID precondition failed"
+        );
+    }
+}
+
+impl Scenario {
+    /// The caches see the object at `path` (and nothing else) as it is now.
+    fn catch_up_only(&mut self, path: &str) {
+        let obj = self.store.get(path).unwrap();
+        let (feed, _) = self
+            .feeds
+            .iter_mut()
+            .find(|(_, c)| path.starts_with(c.as_str()))
+            .unwrap();
+        feed.applied(serde_json::from_value(obj.clone()).unwrap());
+        self.shown.insert(path.to_string(), obj);
+    }
+}
+
+#[tokio::test]
+async fn a_cache_that_has_not_shown_the_last_writes_holds_the_reconcile() {
+    let mut s = Scenario::new("widget");
+    let w = s.create("w", json!({"count": 2}));
+    s.reconcile(&w).await;
+    let (mark, calls) = (s.mark(), s.plugin_calls());
+    // The caches do not show w-0 and w-1 yet.
+    let action = s.reconcile(&w).await;
+    assert_eq!(action, Action::requeue(Duration::from_millis(200)));
+    assert_eq!(s.plugin_calls(), calls, "the plugin is not asked");
+    assert!(s.calls.all()[mark..].is_empty(), "no request at all");
+    // One of them shows: still behind.
+    s.catch_up_only(&cm("w", 0));
+    s.reconcile(&w).await;
+    assert_eq!(s.plugin_calls(), calls);
+    // Both: the reconcile goes on, and sees both.
+    s.catch_up();
+    s.reconcile(&w).await;
+    assert_eq!(s.plugin_calls(), calls + 1);
+    assert_eq!(
+        s.store.get(&w).unwrap()["status"]["observedConfigMaps"],
+        json!(["w-0", "w-1"])
+    );
+}
+
+#[tokio::test]
+async fn a_child_deleted_while_the_watch_was_down_is_made_again_at_once() {
+    let mut s = Scenario::new("widget");
+    let w = s.create("w", json!({"count": 2}));
+    s.reconcile(&w).await;
+    // The watch breaks before it shows the children; w-1 is deleted meanwhile (by
+    // hand); the re-list shows w-0 only.
+    s.store.delete(&cm("w", 1));
+    s.relist();
+    let (mark, calls) = (s.mark(), s.plugin_calls());
+    s.reconcile(&w).await;
+    assert_eq!(s.plugin_calls(), calls + 1, "the caches are current");
+    assert!(
+        s.writes_since(mark)
+            .contains(&"write configmaps/w-1".to_string())
+    );
+    assert!(s.store.get(&cm("w", 1)).is_some());
+}
+
+#[tokio::test]
+async fn the_finalizer_is_added_held_until_finalize_is_done_then_released() {
+    let mut s = Scenario::new("guard");
+    let g = s.create("g", json!({}));
+    let mark = s.mark();
+    s.reconcile(&g).await;
+    assert_eq!(
+        s.writes_since(mark),
+        [
+            "patch guards/g",
+            "write configmaps/g-guarded",
+            "status guards/g"
+        ],
+        "the finalizer first, then the reconcile from the parent as written"
+    );
+    assert_eq!(
+        s.store.get(&g).unwrap()["metadata"]["finalizers"],
+        json!([FINALIZER])
+    );
+    s.catch_up();
+
+    // Deleted: finalize says "not yet"; the finalizer stays; look again later.
+    s.store.delete(&g);
+    let (mark, calls) = (s.mark(), s.plugin_calls());
+    let action = s.reconcile(&g).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(2)));
+    assert_eq!(s.plugin_calls(), calls + 1);
+    assert_eq!(s.writes_since(mark), Vec::<String>::new());
+    assert!(s.store.event_reasons().contains(&"Holding".to_string()));
+
+    // Done: the finalizer goes, and with it the parent.
+    s.store.update(&g, |o| o["spec"]["release"] = json!(true));
+    let mark = s.mark();
+    s.reconcile(&g).await;
+    assert_eq!(s.writes_since(mark), ["patch guards/g"]);
+    assert!(s.store.get(&g).is_none(), "deleted once released");
+    assert!(s.store.event_reasons().contains(&"Released".to_string()));
+    assert_eq!(s.tracked().expectations, 0);
+}
+
+#[tokio::test]
+async fn a_finalize_that_fails_as_invalid_keeps_the_finalizer_and_says_so() {
+    let mut s = Scenario::new("guard");
+    let g = s.create("g", json!({}));
+    s.reconcile(&g).await;
+    s.catch_up();
+    s.store
+        .update(&g, |o| o["spec"]["release"] = json!("not a boolean"));
+    s.store.delete(&g);
+    let mark = s.mark();
+    s.reconcile(&g).await;
+    assert!(
+        !s.writes_since(mark).contains(&"patch guards/g".to_string()),
+        "the finalizer is not removed on an invalid answer"
+    );
+    assert_eq!(
+        s.store.get(&g).unwrap()["metadata"]["finalizers"],
+        json!([FINALIZER])
+    );
+    let warnings: Vec<Value> = s
+        .store
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "Warning")
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|e| e["note"].as_str().is_some_and(|n| n.contains("spec"))),
+        "a Warning event with the plugin's message: {warnings:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_plugin_that_declares_no_finalizer_releases_the_hosts() {
+    let s = Scenario::new("widget");
+    let w = s.create("w", json!({"count": 1}));
+    s.store
+        .update(&w, |o| o["metadata"]["finalizers"] = json!([FINALIZER]));
+    let mark = s.mark();
+    assert_eq!(s.reconcile(&w).await, Action::await_change());
+    assert_eq!(s.writes_since(mark), ["patch widgets/w"]);
+    let finalizers = s.store.get(&w).unwrap()["metadata"]["finalizers"].clone();
+    assert!(
+        finalizers.as_array().is_none_or(|f| f.is_empty()),
+        "{finalizers}"
+    );
+}
+
+#[tokio::test]
+async fn parents_that_come_and_go_leave_nothing_behind() {
+    // 300 by default, to stay within seconds; CAPSTAN_CHURN_PARENTS for a longer run.
+    let parents: usize = std::env::var("CAPSTAN_CHURN_PARENTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300);
+    let mut s = Scenario::new("widget");
+    for i in 0..parents {
+        let w = s.create(&format!("w{i}"), json!({"count": 2}));
+        s.reconcile(&w).await;
+        s.catch_up();
+        s.reconcile(&w).await;
+        // Deleted by its user: no finalizer, so no reconcile sees it go; the garbage
+        // collector deletes its children, the watches tell the caches.
+        let uid = s.store.get(&w).unwrap()["metadata"]["uid"].clone();
+        s.store.delete(&w);
+        assert_eq!(s.store.collect_garbage(), 2);
+        s.catch_up();
+        s.own_writes.forget(uid.as_str().unwrap());
+    }
+    assert_eq!(s.store.object_count(), 0);
+    assert_eq!(s.own_writes.len(), 0);
+    assert_eq!(s.feeds.iter().map(|(f, _)| f.objects()).sum::<usize>(), 0);
+    let tracked = s.tracked();
+    assert_eq!(
+        (tracked.expectations, tracked.failures),
+        (0, 0),
+        "{tracked:?}"
+    );
+    // What the host applied to children that are gone is forgotten by the next sweep,
+    // once its period has passed.
+    assert!(tracked.applied <= 2 * parents, "{tracked:?}");
+    s.ctx.make_sweeps_due();
+    let last = s.create("last", json!({"count": 2}));
+    s.reconcile(&last).await;
+    assert_eq!(
+        s.tracked(),
+        Tracked {
+            expectations: 1,
+            applied: 2,
+            failures: 0
+        },
+        "only what the one parent left has written"
+    );
+}
+
+#[tokio::test]
+async fn a_child_kind_is_watched_while_a_running_plugin_declares_it() {
+    let store = Store::new();
+    let (client, _) = store.client();
+    let metrics = Arc::new(Metrics::default());
+    let caches = ChildCaches::new(client.clone(), None, None, metrics.clone());
+    let opts = ControllerOptions {
+        namespace: None,
+        default_resync: Duration::from_secs(600),
+        concurrency: 1,
+        fence: WriteFence::default(),
+        shard: None,
+    };
+    let (_widget_sandbox, widget) = load("widget"); // ConfigMap, Service
+    let (_guard_sandbox, guard) = load("guard"); // ConfigMap
+    let start = |p: &Plugin| {
+        RunningController::start(client.clone(), p.clone(), metrics.clone(), &caches, &opts)
+    };
+    for _ in 0..50 {
+        let w = start(&widget);
+        let g = start(&guard);
+        assert_eq!(caches.watched(), ["v1/ConfigMap", "v1/Service"]);
+        w.stop().await;
+        assert_eq!(
+            caches.watched(),
+            ["v1/ConfigMap"],
+            "guard still declares it"
+        );
+        // A new version of the widget plugin, while the guard runs.
+        let w = start(&widget);
+        assert_eq!(caches.watched(), ["v1/ConfigMap", "v1/Service"]);
+        g.stop().await;
+        w.stop().await;
+        assert!(caches.watched().is_empty());
+    }
+}
