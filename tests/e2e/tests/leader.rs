@@ -135,11 +135,18 @@ async fn run(client: &Client, ns: &str) -> Result<()> {
             )
         })
         .collect();
+    // Writes the client's fence refused on waking (logged when a reconcile fails): how
+    // often this run froze a write between the pipeline's check and the wire.
+    let refused = leader
+        .log()
+        .lines()
+        .filter(|l| l.contains("no longer holds its lease"))
+        .count();
     println!(
-        "leader {id_a}: {before_pause} writes before its pause, exited ({exited}) after waking; \
-         new leader's first write at {first_write}; {} widget patches by the test; \
-         writes of the deposed leader after it: {}",
-        rounds_after,
+        "leader {id_a}: {before_pause} writes before its pause, exited ({exited}) after waking, \
+         {refused} log lines of writes refused by the client's fence; new leader's first write \
+         at {first_write}; {rounds_after} widget patches by the test; writes of the deposed \
+         leader after it: {}",
         deposed.len()
     );
     ensure!(
