@@ -91,7 +91,7 @@ fn measure(args: &Args, config: &SandboxConfig, case: Case) -> anyhow::Result<Va
     // The cache starts empty: the first load compiles (and fills it), the second reads it.
     let compile = time_once(|| load(config, &path))?;
     let cached = time_once(|| load(config, &path))?;
-    let plugin = Sandbox::new(config.clone())?.load_file(&path)?;
+    let plugin = Sandbox::new(config.clone())?.load_file_blocking(&path)?;
     let observed = Observed {
         parent: case.parent,
         children: case.children,
@@ -100,7 +100,7 @@ fn measure(args: &Args, config: &SandboxConfig, case: Case) -> anyhow::Result<Va
     for i in 0..WARMUP_CALLS + args.calls {
         let start = Instant::now();
         plugin
-            .reconcile(&observed)
+            .reconcile_blocking(&observed)
             .context("call")?
             .map_err(|e| anyhow::anyhow!("reconcile: {e:?}"))?;
         if i >= WARMUP_CALLS {
@@ -146,7 +146,7 @@ fn measure(args: &Args, config: &SandboxConfig, case: Case) -> anyhow::Result<Va
 }
 
 fn load(config: &SandboxConfig, path: &Path) -> anyhow::Result<()> {
-    Sandbox::new(config.clone())?.load_file(path)?;
+    Sandbox::new(config.clone())?.load_file_blocking(path)?;
     Ok(())
 }
 

@@ -172,7 +172,7 @@ impl SandboxArgs {
     }
 
     fn load(&self, path: &Path) -> Result<Plugin> {
-        Ok(self.sandbox()?.load_file(path)?)
+        Ok(self.sandbox()?.load_file_blocking(path)?)
     }
 }
 
@@ -204,7 +204,7 @@ pub fn run(cli: Cli) -> Result<()> {
             let plugin = sandbox.load(&plugin)?;
             let observed = render::read_observed(plugin.info(), &parent, observed.as_deref())?;
             let rendered = render::render(&plugin, &observed, &capstan::plan::now())?;
-            print!("{}", serde_yaml::to_string(&rendered)?);
+            print!("{}", serde_yaml_ng::to_string(&rendered)?);
         }
         Command::Rbac {
             plugins,
@@ -215,10 +215,10 @@ pub fn run(cli: Cli) -> Result<()> {
             let sandbox = sandbox.sandbox()?;
             let infos = wasm_files(&plugins)?
                 .iter()
-                .map(|f| Ok(sandbox.load_file(f)?.info().clone()))
+                .map(|f| Ok(sandbox.load_file_blocking(f)?.info().clone()))
                 .collect::<Result<Vec<_>>>()?;
             let role = capstan::rbac::cluster_role(&name, &infos, install_crds);
-            print!("{}", serde_yaml::to_string(&role)?);
+            print!("{}", serde_yaml_ng::to_string(&role)?);
         }
         Command::SeedPlugins { src, dst } => {
             for file in wasm_files(&src)? {
@@ -235,7 +235,7 @@ pub fn run(cli: Cli) -> Result<()> {
             let mut info = serde_json::to_value(plugin.info())?;
             info["sha256"] = plugin.sha256().into();
             info["crd"] = plugin.info().crd.is_some().into();
-            print!("{}", serde_yaml::to_string(&info)?);
+            print!("{}", serde_yaml_ng::to_string(&info)?);
         }
         Command::Crd { plugin, sandbox } => {
             let plugin = sandbox.load(&plugin)?;
@@ -243,7 +243,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 anyhow::bail!("plugin {} ships no CRD", plugin.info().name);
             };
             let crd: serde_json::Value = serde_json::from_str(crd)?;
-            print!("{}", serde_yaml::to_string(&crd)?);
+            print!("{}", serde_yaml_ng::to_string(&crd)?);
         }
     }
     Ok(())
@@ -320,7 +320,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 )
             }),
         };
-        operator::run(client, sandbox, opts, shutdown_signal()).await
+        Ok(operator::run(client, sandbox, opts, shutdown_signal()).await?)
     })
 }
 

@@ -101,9 +101,13 @@ pub fn read_observed(
     Ok(Observed { parent, children })
 }
 
-/// Calls the plugin and plans the result, as `capstan run` does before applying.
+/// Calls the plugin and plans the result, as `capstan run` does before applying. It
+/// blocks the calling thread for the call ([`Plugin::reconcile_blocking`]): meant for the
+/// command line and tests, not for async tasks.
 pub fn render(plugin: &Plugin, observed: &Observed, now: &str) -> Result<Rendered, RenderError> {
-    let desired = plugin.reconcile(observed)?.map_err(RenderError::Plugin)?;
+    let desired = plugin
+        .reconcile_blocking(observed)?
+        .map_err(RenderError::Plugin)?;
     let plan = plan::plan(plugin.info(), &observed.parent, desired, now)?;
     Ok(Rendered { plan })
 }
@@ -147,7 +151,7 @@ pub fn read_objects(path: &Path) -> Result<Vec<Value>, RenderError> {
 /// Parses a multi-document YAML text into JSON objects.
 pub fn parse_objects(text: &str) -> Result<Vec<Value>, String> {
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
         let value: Value =
             serde::Deserialize::deserialize(doc).map_err(|e| format!("invalid YAML: {e}"))?;
         match value {

@@ -35,7 +35,7 @@ fn load() -> Plugin {
     PLUGIN
         .get_or_init(|| {
             let started = Instant::now();
-            let plugin = sandbox().load_file(&plugin("database")).unwrap();
+            let plugin = sandbox().load_file_blocking(&plugin("database")).unwrap();
             eprintln!("compiled database.wasm in {:?}", started.elapsed());
             plugin
         })
@@ -136,7 +136,7 @@ fn masked(rendered: &Value) -> String {
             }
         }
     }
-    serde_yaml::to_string(&value).unwrap()
+    serde_yaml_ng::to_string(&value).unwrap()
 }
 
 #[test]
@@ -176,7 +176,7 @@ fn the_cluster_it_writes_is_accepted_by_the_postgresql_plugin() {
     let mut cluster = child(&out, "PostgreSQLCluster", "app").clone();
     cluster["metadata"]["uid"] = json!("uid-pgc");
     cluster["metadata"]["generation"] = json!(1);
-    let pg = sandbox().load_file(&plugin("postgresql")).unwrap();
+    let pg = sandbox().load_file_blocking(&plugin("postgresql")).unwrap();
     let rendered = render::render(
         &pg,
         &Observed {
@@ -327,7 +327,7 @@ fn mysql_with_three_replicas_is_refused() {
     );
     assert_golden(
         "database-mysql-replicas-3-refused",
-        &serde_yaml::to_string(&json!({"invalid": message})).unwrap(),
+        &serde_yaml_ng::to_string(&json!({"invalid": message})).unwrap(),
     );
 }
 
@@ -440,7 +440,7 @@ fn invalid_specs_say_why() {
     }
     assert_golden(
         "database-invalid-spec",
-        &serde_yaml::to_string(&Value::Object(messages)).unwrap(),
+        &serde_yaml_ng::to_string(&Value::Object(messages)).unwrap(),
     );
 }
 
@@ -465,7 +465,7 @@ fn cli_render_of_the_samples_succeeds() {
             "{sample}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let value: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+        let value: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
         let rendered: Vec<&str> = value["children"]
             .as_array()
             .unwrap()
@@ -486,10 +486,11 @@ fn the_shipped_crd_is_the_seed_s_and_what_the_plugin_describes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let printed: Value = serde_yaml::from_slice(&out.stdout).unwrap();
-    let shipped: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(root().join("crds/database.yaml")).unwrap())
-            .unwrap();
+    let printed: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    let shipped: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(root().join("crds/database.yaml")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(printed, shipped, "crds/database.yaml is stale");
     assert_eq!(shipped["metadata"]["name"], "databases.mycompany.com");
     assert_eq!(shipped["spec"]["group"], "mycompany.com");

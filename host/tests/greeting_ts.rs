@@ -55,7 +55,7 @@ fn stderr(out: &Output) -> String {
 
 fn yaml(out: &Output) -> Value {
     assert!(out.status.success(), "stderr: {}", stderr(out));
-    serde_yaml::from_slice(&out.stdout).unwrap()
+    serde_yaml_ng::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
@@ -67,7 +67,10 @@ fn a_new_greeting_matches_the_golden_file() {
     assert_eq!(value["status"]["phase"], "Pending");
     assert_eq!(value["requeueAfter"], "5s");
     mask(&mut value);
-    assert_golden("greeting-ts-new", &serde_yaml::to_string(&value).unwrap());
+    assert_golden(
+        "greeting-ts-new",
+        &serde_yaml_ng::to_string(&value).unwrap(),
+    );
 }
 
 #[test]
@@ -83,7 +86,10 @@ fn a_greeting_with_its_config_map_observed_matches_the_golden_file() {
     ));
     assert_eq!(value["status"]["phase"], "Ready");
     mask(&mut value);
-    assert_golden("greeting-ts-ready", &serde_yaml::to_string(&value).unwrap());
+    assert_golden(
+        "greeting-ts-ready",
+        &serde_yaml_ng::to_string(&value).unwrap(),
+    );
 }
 
 #[test]
@@ -106,7 +112,7 @@ fn inspect_and_crd_print_what_the_plugin_declares() {
 
     let crd = capstan_cached("crd", &[]);
     assert!(crd.status.success(), "{}", stderr(&crd));
-    let typed: CustomResourceDefinition = serde_yaml::from_slice(&crd.stdout).unwrap();
+    let typed: CustomResourceDefinition = serde_yaml_ng::from_slice(&crd.stdout).unwrap();
     assert_eq!(typed.spec.names.kind, "Greeting");
     assert_golden("greeting-ts-crd", &String::from_utf8(crd.stdout).unwrap());
 }

@@ -32,7 +32,7 @@ fn load() -> Plugin {
                 ..SandboxConfig::default()
             })
             .unwrap()
-            .load_file(&plugin("postgresql"))
+            .load_file_blocking(&plugin("postgresql"))
             .unwrap()
         })
         .clone()
@@ -134,7 +134,7 @@ fn masked(rendered: &Value) -> String {
             _ => {}
         }
     }
-    serde_yaml::to_string(&value).unwrap()
+    serde_yaml_ng::to_string(&value).unwrap()
 }
 
 #[test]
@@ -194,7 +194,7 @@ fn cli_render_of_the_sample_matches_the_golden_file() {
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut value: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    let mut value: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     // The CLI prints the time it ran at.
     value["status"]["conditions"][0]["lastTransitionTime"] = json!("<time>");
     assert_eq!(child(&value, "StatefulSet", "demo")["spec"]["replicas"], 3);
@@ -219,7 +219,10 @@ fn cli_render_of_the_sample_matches_the_golden_file() {
             }
         }
     }
-    assert_golden("postgresql-sample", &serde_yaml::to_string(&value).unwrap());
+    assert_golden(
+        "postgresql-sample",
+        &serde_yaml_ng::to_string(&value).unwrap(),
+    );
 }
 
 #[test]
@@ -394,8 +397,8 @@ fn the_shipped_crd_is_what_the_plugin_describes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let printed: Value = serde_yaml::from_slice(&out.stdout).unwrap();
-    let shipped: Value = serde_yaml::from_str(
+    let printed: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    let shipped: Value = serde_yaml_ng::from_str(
         &std::fs::read_to_string(root().join("crds/postgresqlcluster.yaml")).unwrap(),
     )
     .unwrap();
@@ -420,7 +423,7 @@ fn the_shipped_crd_is_what_the_plugin_describes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let info: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    let info: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     assert_eq!(info["name"], "postgresql");
     assert_eq!(info["parent"]["kind"], "PostgreSQLCluster");
 }

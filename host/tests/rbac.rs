@@ -13,10 +13,10 @@ fn the_checked_in_cluster_role_is_what_capstan_rbac_prints() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let printed: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    let printed: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     let path = root().join("deploy/base/clusterrole.yaml");
-    let checked_in: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let checked_in: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(
         printed,
         checked_in,

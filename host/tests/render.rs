@@ -24,7 +24,7 @@ fn sandbox() -> Sandbox {
 }
 
 fn render_uuid(status: Value) -> Value {
-    let plugin = sandbox().load_file(&plugin("uuid")).unwrap();
+    let plugin = sandbox().load_file_blocking(&plugin("uuid")).unwrap();
     let parent = json!({
         "apiVersion": "demo.operator/v1", "kind": "Uuid",
         "metadata": {"name": "u", "namespace": "default", "uid": "uid-1", "generation": 1},
@@ -87,15 +87,17 @@ fn cli_render_of_the_sample_matches_the_golden_file() {
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut value: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    let mut value: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     assert!(is_uuid(value["status"]["uuid"].as_str().unwrap()));
     mask(&mut value);
-    assert_golden("uuid-sample", &serde_yaml::to_string(&value).unwrap());
+    assert_golden("uuid-sample", &serde_yaml_ng::to_string(&value).unwrap());
 }
 
 #[test]
 fn widget_children_are_decorated_by_the_host() {
-    let p = sandbox().load_file(&test_plugin("widget")).unwrap();
+    let p = sandbox()
+        .load_file_blocking(&test_plugin("widget"))
+        .unwrap();
     let parent = json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
         "metadata": {"name": "w", "namespace": "team-a", "uid": "uid-w", "generation": 4},
         "spec": {"count": 2, "service": true, "message": "hi"}});
@@ -109,7 +111,7 @@ fn widget_children_are_decorated_by_the_host() {
     )
     .unwrap();
     let value = serde_json::to_value(&rendered).unwrap();
-    assert_golden("widget-count-2", &serde_yaml::to_string(&value).unwrap());
+    assert_golden("widget-count-2", &serde_yaml_ng::to_string(&value).unwrap());
 }
 
 #[test]
@@ -120,7 +122,7 @@ fn inspect_and_crd_print_what_the_plugin_declares() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let info: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    let info: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     assert_eq!(info["name"], "uuid");
     assert_eq!(info["parent"]["group"], "demo.operator");
     assert_eq!(info["parent"]["plural"], "uuid");
@@ -129,9 +131,9 @@ fn inspect_and_crd_print_what_the_plugin_declares() {
 
     let out = capstan(&["crd", plugin("uuid").to_str().unwrap()]);
     assert!(out.status.success());
-    let printed: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    let printed: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     let shipped: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(root().join("crds/uuid.yaml")).unwrap())
+        serde_yaml_ng::from_str(&std::fs::read_to_string(root().join("crds/uuid.yaml")).unwrap())
             .unwrap();
     assert_eq!(
         printed, shipped,
@@ -147,7 +149,7 @@ fn a_plugin_built_with_cargo_component_renders_too() {
         "{} is missing: run `cargo xtask test` (it builds it with cargo component)",
         path.display()
     );
-    let plugin = sandbox().load_file(&path).unwrap();
+    let plugin = sandbox().load_file_blocking(&path).unwrap();
     let parent = json!({"apiVersion": "demo.operator/v1", "kind": "Uuid",
         "metadata": {"name": "u", "namespace": "default", "uid": "x", "generation": 1}});
     let rendered = render::render(
@@ -451,7 +453,7 @@ fn widget_with_deadline(deadline: Duration) -> capstan::plugin::Plugin {
         ..SandboxConfig::default()
     })
     .unwrap()
-    .load_file(&test_plugin("widget"))
+    .load_file_blocking(&test_plugin("widget"))
     .unwrap()
 }
 
@@ -467,7 +469,7 @@ fn a_plugin_that_sleeps_or_polls_is_stopped_at_its_deadline_not_when_it_wakes() 
             children: vec![],
         };
         let started = std::time::Instant::now();
-        let result = plugin.reconcile(&observed);
+        let result = plugin.reconcile_blocking(&observed);
         let took = started.elapsed();
         eprintln!("{mode}: stopped after {took:?} (deadline {deadline:?})");
         assert!(
@@ -486,7 +488,12 @@ fn a_plugin_that_sleeps_or_polls_is_stopped_at_its_deadline_not_when_it_wakes() 
         children: vec![],
     };
     assert_eq!(
-        plugin.reconcile(&observed).unwrap().unwrap().children.len(),
+        plugin
+            .reconcile_blocking(&observed)
+            .unwrap()
+            .unwrap()
+            .children
+            .len(),
         1
     );
 }
@@ -645,16 +652,21 @@ fn fast_calls_do_not_send_a_busy_plugin_back_to_the_callers_thread() {
 
 #[test]
 fn calls_are_independent_and_a_failed_call_does_not_poison_the_plugin() {
-    let plugin = sandbox().load_file(&test_plugin("widget")).unwrap();
+    let plugin = sandbox()
+        .load_file_blocking(&test_plugin("widget"))
+        .unwrap();
     assert!(matches!(
-        plugin.reconcile(&widget_observed("loop")),
+        plugin.reconcile_blocking(&widget_observed("loop")),
         Err(CallError::Deadline { .. })
     ));
     assert!(matches!(
-        plugin.reconcile(&widget_observed("oom")),
+        plugin.reconcile_blocking(&widget_observed("oom")),
         Err(CallError::MemoryCap { .. })
     ));
-    let ok = plugin.reconcile(&widget_observed("")).unwrap().unwrap();
+    let ok = plugin
+        .reconcile_blocking(&widget_observed(""))
+        .unwrap()
+        .unwrap();
     assert_eq!(ok.children.len(), 1);
 }
 
@@ -667,7 +679,7 @@ fn compiled_code_is_cached_on_disk() {
     };
     let first = Sandbox::new(config.clone())
         .unwrap()
-        .load_file(&plugin("uuid"))
+        .load_file_blocking(&plugin("uuid"))
         .unwrap();
     let entries: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -682,7 +694,7 @@ fn compiled_code_is_cached_on_disk() {
     // A second engine with the same settings loads from the cache and still works.
     let second = Sandbox::new(config)
         .unwrap()
-        .load_file(&plugin("uuid"))
+        .load_file_blocking(&plugin("uuid"))
         .unwrap();
     assert_eq!(second.info(), first.info());
     // The code is mapped from a private copy: the entry truncated in place under a
@@ -693,7 +705,7 @@ fn compiled_code_is_cached_on_disk() {
             "metadata": {"name": "u", "namespace": "default", "uid": "uid-1", "generation": 1}}),
         children: vec![],
     };
-    let answer = second.reconcile(&observed).unwrap().unwrap();
+    let answer = second.reconcile_blocking(&observed).unwrap().unwrap();
     assert!(answer.status.is_some(), "{answer:?}");
     // A corrupt entry is ignored, not fatal.
     std::fs::write(dir.path().join(&name), b"garbage").unwrap();
@@ -704,7 +716,7 @@ fn compiled_code_is_cached_on_disk() {
     assert!(
         Sandbox::new(config)
             .unwrap()
-            .load_file(&plugin("uuid"))
+            .load_file_blocking(&plugin("uuid"))
             .is_ok()
     );
 }
@@ -739,13 +751,15 @@ fn a_describe_that_changes_between_calls_is_taken_once_per_load() {
                 "{}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            let info: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+            let info: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
             info["version"].as_str().unwrap().to_string()
         })
         .collect();
     assert_ne!(versions[0], versions[1], "describe should vary");
     // One load is one answer: every call of that loaded version is held to it.
-    let plugin = sandbox().load_file(&test_plugin("fickle")).unwrap();
+    let plugin = sandbox()
+        .load_file_blocking(&test_plugin("fickle"))
+        .unwrap();
     let declared_secrets = plugin.info().children.iter().any(|k| k.kind == "Secret");
     let parent = json!({"apiVersion": "test.capstan.dev/v1", "kind": "Fickle",
         "metadata": {"name": "f", "namespace": "ns", "uid": "u", "generation": 1}});
@@ -789,4 +803,25 @@ fn a_pool_no_larger_than_one_plugins_concurrency_is_refused_at_start() {
         ],
         "--plugin-instances 8 must be larger than --concurrency 8",
     );
+}
+
+/// The blocking calls, made from async code (where running a runtime in place panics),
+/// answer like the async ones; the async load gives the same plugin as the blocking one.
+#[tokio::test]
+async fn blocking_calls_from_async_code_answer_instead_of_panicking() {
+    let sandbox = sandbox();
+    let blocking = sandbox
+        .load_file_blocking(&test_plugin("widget"))
+        .expect("a blocking load from a runtime's thread");
+    let loaded = sandbox.load_file(&test_plugin("widget")).await.unwrap();
+    assert_eq!(loaded.sha256(), blocking.sha256());
+    assert_eq!(loaded.info(), blocking.info());
+    let observed = widget_observed("");
+    let from_blocking = blocking.reconcile_blocking(&observed).unwrap().unwrap();
+    let from_async = loaded.reconcile_async(&observed).await.unwrap().unwrap();
+    assert_eq!(from_blocking.children.len(), 1);
+    assert_eq!(from_blocking.children, from_async.children);
+    let finalized = blocking.finalize_blocking(&observed);
+    assert!(finalized.is_ok(), "{finalized:?}");
+    assert_eq!(finalized, loaded.finalize_async(&observed).await);
 }

@@ -100,6 +100,11 @@ impl WriteFence {
             .map(|until| *until.lock().expect("fence lock"))
     }
 
+    /// Whether the fence can shut at all (leader election or shard membership).
+    pub fn can_shut(&self) -> bool {
+        self.until.is_some()
+    }
+
     /// Shuts the fence now (the lease was lost or given up).
     pub fn shut(&self) {
         if let Some(until) = &self.until {
@@ -277,37 +282,51 @@ impl LeaseLock {
                 Ok(false) => {}
                 Err(e) => tracing::warn!("leader election: {e}"),
             }
-            tokio::time::sleep(o.retry_period).await;
+            // Up to a fifth longer, so that standbys started together do not ask in step.
+            tokio::time::sleep(o.retry_period.mul_f64(1.0 + fastrand::f64() * 0.2)).await;
         }
         tracing::info!(identity = %o.identity, "became the leader");
     }
 
     /// Renews the lease every retry period; returns (with the fence shut) once the lease
     /// went to another candidate or could not be renewed before the renew deadline.
-    pub async fn hold(&self) -> anyhow::Error {
+    pub async fn hold(&self) -> Deposed {
         loop {
             tokio::time::sleep(self.opts.retry_period).await;
             let Some(deadline) = self.fence.deadline() else {
-                return anyhow::anyhow!("leader election without a fence");
+                return Deposed::NoFence;
             };
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 self.fence.shut();
-                return anyhow::anyhow!(
-                    "could not renew the leader lease within {:?}",
-                    self.opts.renew_deadline
-                );
+                return Deposed::NotRenewed(self.opts.renew_deadline);
             }
             match self.try_acquire_or_renew(left).await {
                 Ok(true) => {}
                 Ok(false) => {
                     self.fence.shut();
-                    return anyhow::anyhow!("lost the leader lease to another replica");
+                    return Deposed::TakenOver;
                 }
                 Err(e) => tracing::warn!("cannot renew the leader lease: {e}"),
             }
         }
     }
+}
+
+/// Why [`LeaseLock::hold`] stopped leading.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Deposed {
+    /// The lock was made with a fence that never shuts ([`WriteFence::default`]): it
+    /// could not keep anyone from writing, so it refuses to lead.
+    #[error("leader election without a fence")]
+    NoFence,
+    /// No renewal succeeded within the renew deadline (the API server was unreachable,
+    /// or this process was paused).
+    #[error("could not renew the leader lease within {0:?}")]
+    NotRenewed(Duration),
+    /// Another candidate holds the lease now.
+    #[error("lost the leader lease to another replica")]
+    TakenOver,
 }
 
 /// Remembers `spec` in `observed` and returns when it was first seen as it is now.
@@ -407,5 +426,264 @@ mod tests {
             again.elapsed() < Duration::from_secs(1),
             "a renewal restarts the wait"
         );
+    }
+}
+
+/// `LeaseLock` against the fake API server (no control plane). Time is not waited for:
+/// a candidate's memory of when it saw the record change is aged instead, as if that much
+/// time had passed.
+#[cfg(test)]
+mod fake_api_tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use http::Method;
+    use serde_json::{Value, json};
+
+    use super::super::fake_api::{self, Call, Calls};
+    use super::*;
+
+    /// One Lease kept as the API server keeps it: a create of an existing one and a
+    /// replace with a stale resourceVersion fail with 409.
+    #[derive(Clone, Default)]
+    struct LeaseServer {
+        lease: Arc<Mutex<Option<Value>>>,
+        /// Every request fails with 503.
+        down: Arc<AtomicBool>,
+        /// Another writer changes the Lease just before the next replace.
+        race_next_replace: Arc<AtomicBool>,
+    }
+
+    impl LeaseServer {
+        fn answer(&self, call: &Call) -> (u16, Value) {
+            if self.down.load(Ordering::SeqCst) {
+                return fake_api::status(503, "ServiceUnavailable", "down");
+            }
+            let mut lease = self.lease.lock().unwrap();
+            let version = |l: &Value| l["metadata"]["resourceVersion"].clone();
+            match (&call.method, lease.as_mut()) {
+                (&Method::GET, Some(l)) => (200, l.clone()),
+                (&Method::GET, None) => fake_api::status(404, "NotFound", "no lease"),
+                (&Method::POST, Some(_)) => fake_api::status(409, "AlreadyExists", "exists"),
+                (&Method::POST, None) => {
+                    let mut created = call.body.clone();
+                    created["metadata"]["resourceVersion"] = json!("1");
+                    *lease = Some(created.clone());
+                    (201, created)
+                }
+                (&Method::PUT, Some(current)) => {
+                    if self.race_next_replace.swap(false, Ordering::SeqCst) {
+                        current["metadata"]["resourceVersion"] = json!("100");
+                    }
+                    if version(&call.body) != version(current) {
+                        return fake_api::status(409, "Conflict", "the object has been modified");
+                    }
+                    let next: u64 = current["metadata"]["resourceVersion"]
+                        .as_str()
+                        .and_then(|v| v.parse().ok())
+                        .expect("a numeric resourceVersion");
+                    let mut replaced = call.body.clone();
+                    replaced["metadata"]["resourceVersion"] = json!((next + 1).to_string());
+                    *current = replaced.clone();
+                    (200, replaced)
+                }
+                _ => fake_api::status(405, "MethodNotAllowed", "unexpected"),
+            }
+        }
+
+        fn spec(&self, field: &str) -> Value {
+            let lease = self.lease.lock().unwrap();
+            lease.as_ref().expect("a lease")["spec"][field].clone()
+        }
+
+        fn holder(&self) -> Option<String> {
+            self.spec("holderIdentity").as_str().map(str::to_owned)
+        }
+
+        /// A candidate named `identity` talking to this server, retrying every 10 ms.
+        fn candidate(&self, identity: &str) -> (LeaseLock, WriteFence, Calls) {
+            let server = self.clone();
+            let (client, calls) = fake_api::client(move |call| server.answer(call));
+            let fence = WriteFence::for_leader_election();
+            let mut opts = LeaderElectionOptions::new("ns", "capstan", identity, LEASE);
+            opts.retry_period = Duration::from_millis(10);
+            (LeaseLock::new(client, opts, fence.clone()), fence, calls)
+        }
+    }
+
+    const LEASE: Duration = Duration::from_secs(15);
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// As if `by` had passed since `lock` last saw the record change.
+    fn age(lock: &LeaseLock, by: Duration) {
+        let mut observed = lock.observed.lock().unwrap();
+        let o = observed.as_mut().expect("an observation");
+        o.at = o.at.checked_sub(by).expect("the monotonic clock is older");
+    }
+
+    fn writes(calls: &Calls) -> Vec<Call> {
+        calls
+            .all()
+            .into_iter()
+            .filter(|c| c.method != Method::GET)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_free_lease_is_created_then_renewed_and_the_fence_follows() {
+        let server = LeaseServer::default();
+        let (a, fence, calls) = server.candidate("a");
+        let deadline = a.options().renew_deadline;
+        assert!(!fence.is_open());
+        let before = Instant::now();
+        assert!(a.try_acquire_or_renew(TIMEOUT).await.unwrap());
+        assert_eq!(
+            calls.summary(),
+            [
+                "GET /apis/coordination.k8s.io/v1/namespaces/ns/leases/capstan",
+                "POST /apis/coordination.k8s.io/v1/namespaces/ns/leases",
+            ]
+        );
+        assert_eq!(server.holder().as_deref(), Some("a"));
+        assert_eq!(server.spec("leaseTransitions"), 0);
+        assert_eq!(server.spec("leaseDurationSeconds"), 15);
+        assert!(fence.is_open());
+        let opened = fence.deadline().unwrap();
+        assert!(opened >= before + deadline && opened <= Instant::now() + deadline);
+
+        let before = Instant::now();
+        assert!(a.try_acquire_or_renew(TIMEOUT).await.unwrap(), "renewed");
+        let renewal = writes(&calls).pop().unwrap();
+        assert_eq!(renewal.method, Method::PUT);
+        assert_eq!(
+            renewal.body["metadata"]["resourceVersion"], "1",
+            "a compare-and-swap on the version read"
+        );
+        assert_eq!(renewal.body["spec"]["holderIdentity"], "a");
+        assert_eq!(
+            server.spec("leaseTransitions"),
+            0,
+            "a renewal is no transition"
+        );
+        let moved = fence.deadline().unwrap();
+        assert!(
+            moved >= before + deadline && moved >= opened,
+            "each renewal moves the fence to the renew deadline after its start"
+        );
+    }
+
+    #[tokio::test]
+    async fn another_candidate_takes_over_only_a_lease_duration_after_the_last_change() {
+        let server = LeaseServer::default();
+        let (a, _, _) = server.candidate("a");
+        let (b, b_fence, b_calls) = server.candidate("b");
+        assert!(a.try_acquire_or_renew(TIMEOUT).await.unwrap());
+        assert!(!b.try_acquire_or_renew(TIMEOUT).await.unwrap(), "held by a");
+        // b saw the record long ago; a renews just before b looks again.
+        age(&b, LEASE * 2);
+        assert!(a.try_acquire_or_renew(TIMEOUT).await.unwrap());
+        assert!(
+            !b.try_acquire_or_renew(TIMEOUT).await.unwrap(),
+            "a renewal restarts the wait, whatever b saw before"
+        );
+        age(&b, LEASE - Duration::from_secs(1));
+        assert!(!b.try_acquire_or_renew(TIMEOUT).await.unwrap(), "not yet");
+        assert!(
+            writes(&b_calls).is_empty(),
+            "b wrote nothing while a held the lease"
+        );
+        assert!(!b_fence.is_open());
+
+        // a stops renewing (paused, partitioned): b takes over a lease duration later.
+        age(&b, Duration::from_secs(1));
+        assert!(
+            b.try_acquire_or_renew(TIMEOUT).await.unwrap(),
+            "b takes over"
+        );
+        assert_eq!(server.holder().as_deref(), Some("b"));
+        assert_eq!(server.spec("leaseTransitions"), 1);
+        assert!(b_fence.is_open());
+        let takeover = writes(&b_calls).pop().unwrap();
+        assert_eq!(
+            takeover.method,
+            Method::PUT,
+            "a compare-and-swap, not a create"
+        );
+
+        // a, back, sees b's fresh record and writes nothing.
+        let before = server.lease.lock().unwrap().clone();
+        assert!(!a.try_acquire_or_renew(TIMEOUT).await.unwrap());
+        assert_eq!(*server.lease.lock().unwrap(), before, "a changed nothing");
+    }
+
+    #[tokio::test]
+    async fn a_holder_that_finds_another_holder_stops_at_once() {
+        let server = LeaseServer::default();
+        let (a, fence, _) = server.candidate("a");
+        assert!(a.try_acquire_or_renew(TIMEOUT).await.unwrap());
+        // Handed to b by someone else (say, an administrator's edit) while a's fence is
+        // open: a stops leading at its next renewal, long before its renew deadline.
+        server.lease.lock().unwrap().as_mut().unwrap()["spec"]["holderIdentity"] = json!("b");
+        assert!(fence.is_open());
+        assert_eq!(a.hold().await, Deposed::TakenOver);
+        assert!(!fence.is_open());
+        assert_eq!(server.holder().as_deref(), Some("b"), "and left it to b");
+    }
+
+    #[tokio::test]
+    async fn a_write_that_races_another_loses_the_lease_instead_of_taking_it() {
+        let server = LeaseServer::default();
+        let (a, fence, _) = server.candidate("a");
+        assert!(a.try_acquire_or_renew(TIMEOUT).await.unwrap());
+        let opened_until = fence.deadline();
+        server.race_next_replace.store(true, Ordering::SeqCst);
+        assert!(
+            !a.try_acquire_or_renew(TIMEOUT).await.unwrap(),
+            "409: not held"
+        );
+        assert_eq!(
+            fence.deadline(),
+            opened_until,
+            "a lost race does not move the fence"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_holder_stops_at_the_renew_deadline_when_it_cannot_renew() {
+        let server = LeaseServer::default();
+        let (mut a, fence, calls) = server.candidate("a");
+        // A short lease, so that the renew deadline passes in this test.
+        a.opts.renew_deadline = Duration::from_millis(100);
+        assert!(a.try_acquire_or_renew(TIMEOUT).await.unwrap());
+        let until = fence.deadline().unwrap();
+        server.down.store(true, Ordering::SeqCst);
+        let deposed = a.hold().await;
+        assert_eq!(deposed, Deposed::NotRenewed(a.options().renew_deadline));
+        assert!(!fence.is_open());
+        assert!(
+            Instant::now() >= until,
+            "led until the renew deadline, not less"
+        );
+        assert!(
+            calls.all().len() > 3,
+            "it kept trying to renew until then: {:?}",
+            calls.summary()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_released_lease_is_taken_at_once_and_the_fence_shuts_first() {
+        let server = LeaseServer::default();
+        let (a, a_fence, _) = server.candidate("a");
+        let (b, _, _) = server.candidate("b");
+        assert!(a.try_acquire_or_renew(TIMEOUT).await.unwrap());
+        assert!(!b.try_acquire_or_renew(TIMEOUT).await.unwrap());
+        a.release().await.unwrap();
+        assert!(!a_fence.is_open());
+        assert_eq!(server.holder(), None);
+        assert!(
+            b.try_acquire_or_renew(TIMEOUT).await.unwrap(),
+            "a free lease needs no wait"
+        );
+        assert_eq!(server.holder().as_deref(), Some("b"));
     }
 }

@@ -6,6 +6,7 @@ mod cluster;
 mod controller;
 #[cfg(test)]
 mod fake_api;
+mod fenced_client;
 mod freshness;
 mod http;
 mod leader;
@@ -23,11 +24,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use kube::Client;
 
 pub use controller::ControllerOptions;
-pub use leader::{LeaderElectionOptions, LeaseLock, WriteFence};
+pub use fenced_client::{FenceLayer, FenceShut, Fenced, fenced_client};
+pub use leader::{Deposed, LeaderElectionOptions, LeaseLock, WriteFence};
 pub use membership::ShardOptions;
 pub use metrics::{Metrics, PluginState};
 pub use reconcile::FINALIZER;
@@ -51,28 +52,80 @@ pub struct OperatorOptions {
     pub shards: Option<ShardOptions>,
 }
 
+/// Why the operator stopped, or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The plugin directory is missing (or not a directory).
+    #[error("plugin directory {} does not exist", .0.display())]
+    NoPluginDir(PathBuf),
+    /// The `/metrics` and probes address could not be bound.
+    #[error("cannot listen on {addr}")]
+    Listen {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// This replica was leading and is no longer: it stops so that it restarts as a
+    /// standby with fresh caches.
+    #[error(transparent)]
+    Deposed(#[from] Deposed),
+    /// The plugin registry ended by itself (it panicked): nothing would load, reload or
+    /// supervise plugins any more.
+    #[error("{0}")]
+    RegistryStopped(String),
+    /// `--shards` could not check that the API server shards lists.
+    #[error("cannot list Leases to check that the API server shards lists")]
+    ShardProbe(#[source] kube::Error),
+    /// `--shards` against an API server that ignores `shardSelector`.
+    #[error(
+        "--shards needs an API server with the ShardedListAndWatch feature gate (Kubernetes 1.36+, alpha): \
+         this one ignored the shardSelector of a LIST (no shardInfo in its answer), so every replica would \
+         serve every parent; enable the gate on kube-apiserver or run with --leader-elect instead"
+    )]
+    ShardingUnsupported,
+}
+
 /// Runs the operator until `shutdown` resolves, then stops every controller.
 pub async fn run(
     client: Client,
     sandbox: Sandbox,
     opts: OperatorOptions,
     shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let dir: PathBuf = opts.registry.dir.clone();
-    anyhow::ensure!(
-        dir.is_dir(),
-        "plugin directory {} does not exist",
-        dir.display()
-    );
+    if !dir.is_dir() {
+        return Err(Error::NoPluginDir(dir));
+    }
     let metrics = Arc::new(Metrics::with_sandbox(sandbox.metrics()));
-    let listener = http::bind(opts.metrics_addr)
+    let addr = opts.metrics_addr;
+    let listener = http::bind(addr)
         .await
-        .with_context(|| format!("cannot listen on {}", opts.metrics_addr))?;
-    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz, /plugins");
+        .map_err(|source| Error::Listen { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| Error::Listen { addr, source })?;
+    tracing::info!(addr = %local, "serving /metrics, /healthz, /readyz, /plugins");
     let server = tokio::spawn(http::serve(listener, metrics.clone()));
     tokio::pin!(shutdown);
+    // The controllers write through a client that asks the fence again just before each
+    // write leaves (fenced_client); the Leases are renewed through the plain one.
+    let writer = match opts.registry.controller.fence.can_shut() {
+        true => fenced_client(&client, opts.registry.controller.fence.clone()),
+        false => client.clone(),
+    };
     if let Some(shards) = opts.shards {
-        let result = run_sharded(client, sandbox, metrics, opts.registry, shards, shutdown).await;
+        let result = run_sharded(
+            client,
+            writer,
+            sandbox,
+            metrics,
+            opts.registry,
+            shards,
+            shutdown,
+        )
+        .await;
         server.abort();
         return result;
     }
@@ -92,7 +145,7 @@ pub async fn run(
         }
     }
     metrics.set_leader(true);
-    let registry = PluginRegistry::new(client, sandbox, metrics.clone(), opts.registry);
+    let registry = PluginRegistry::new(writer, sandbox, metrics.clone(), opts.registry);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut registry_task = tokio::spawn(registry.run_until(stop_rx));
     let lost = async {
@@ -103,7 +156,7 @@ pub async fn run(
     };
     let result = tokio::select! {
         _ = &mut shutdown => Ok(()),
-        err = lost => Err(err),
+        deposed = lost => Err(Error::Deposed(deposed)),
         // The registry runs until told to stop: ending by itself (a panic) leaves
         // nothing to load, reload or supervise plugins, so the process must go.
         ended = &mut registry_task => {
@@ -112,7 +165,7 @@ pub async fn run(
                 _ => "the plugin registry stopped".to_string(),
             };
             metrics.set_failed("registry", why.clone());
-            Err(anyhow::anyhow!(why))
+            Err(Error::RegistryStopped(why))
         }
     };
     tracing::info!("shutting down");
@@ -167,15 +220,17 @@ impl ServingRegistry {
 
 /// `capstan run --shards`: membership rounds every retry period ([`membership`]); the
 /// registry serves the buckets membership grants, and is restarted with the new set
-/// whenever it changes.
+/// whenever it changes. Membership renews through `client`, the registry writes through
+/// `writer`.
 async fn run_sharded(
     client: Client,
+    writer: Client,
     sandbox: Sandbox,
     metrics: Arc<Metrics>,
     opts: RegistryOptions,
     shards: ShardOptions,
     mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     probe_sharded_list(&client, &shards.namespace).await?;
     let fence = opts.controller.fence.clone();
     let membership = Membership::new(client.clone(), shards, fence);
@@ -211,10 +266,10 @@ async fn run_sharded(
         if registry.as_ref().is_some_and(|r| r.task.is_finished()) {
             let why = "the plugin registry stopped".to_string();
             metrics.set_failed("registry", why.clone());
-            break Err(anyhow::anyhow!(why));
+            break Err(Error::RegistryStopped(why));
         }
         let next = membership_round(&membership, serving, &mut registry, |b| {
-            ServingRegistry::start(&client, &sandbox, &metrics, &opts, b)
+            ServingRegistry::start(&writer, &sandbox, &metrics, &opts, b)
         })
         .await;
         serving = next;
@@ -312,7 +367,7 @@ async fn membership_round(
 /// Refuses `--shards` unless the API server applies `shardSelector`: an API server
 /// without the `ShardedListAndWatch` feature ignores the parameter, and every replica
 /// would then serve every parent. It echoes the selector in `ListMeta.shardInfo`.
-async fn probe_sharded_list(client: &Client, namespace: &str) -> anyhow::Result<()> {
+async fn probe_sharded_list(client: &Client, namespace: &str) -> Result<(), Error> {
     let selector = "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')";
     let probe = watch_client::watch_client(
         client,
@@ -324,14 +379,11 @@ async fn probe_sharded_list(client: &Client, namespace: &str) -> anyhow::Result<
     let list = leases
         .list(&kube::api::ListParams::default().limit(1))
         .await
-        .context("cannot list Leases to check that the API server shards lists")?;
+        .map_err(Error::ShardProbe)?;
     let echoed = list.metadata.shard_info.map(|i| i.selector);
-    anyhow::ensure!(
-        echoed.as_deref() == Some(selector),
-        "--shards needs an API server with the ShardedListAndWatch feature gate (Kubernetes 1.36+, alpha): \
-         this one ignored the shardSelector of a LIST (no shardInfo in its answer), so every replica would \
-         serve every parent; enable the gate on kube-apiserver or run with --leader-elect instead"
-    );
+    if echoed.as_deref() != Some(selector) {
+        return Err(Error::ShardingUnsupported);
+    }
     tracing::info!("the API server shards lists and watches (ShardedListAndWatch)");
     Ok(())
 }
@@ -355,6 +407,7 @@ mod tests {
         // An API server without ShardedListAndWatch answers as if no selector was sent.
         let (client, calls) = fake_api::client(|_| (200, lease_list(None)));
         let err = probe_sharded_list(&client, "ns").await.unwrap_err();
+        assert!(matches!(err, Error::ShardingUnsupported), "{err}");
         assert!(
             err.to_string().contains("ShardedListAndWatch"),
             "a clear reason: {err}"

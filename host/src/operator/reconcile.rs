@@ -2,7 +2,6 @@
 //! observed children, the plugin call, validation, apply, prune, status, events, requeue.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -130,11 +129,7 @@ impl Context {
         *n = n.saturating_add(1);
         *last = Instant::now();
         let base = Duration::from_secs(1u64 << (*n - 1).min(8)).min(MAX_BACKOFF);
-        let jitter = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish()
-            % 500;
-        base.mul_f64(0.5 + jitter as f64 / 1000.0)
+        base.mul_f64(0.5 + random_fraction() * 0.5)
     }
 
     fn succeeded(&self, uid: &str) {
@@ -150,12 +145,9 @@ const EXPECTATION_LIMIT: Duration = Duration::from_secs(30);
 /// How soon a parent whose caches are behind is looked at again.
 const CACHE_BEHIND_RETRY: Duration = Duration::from_millis(200);
 
-/// A number in [0, 1), different at every call.
+/// A uniformly random number in [0, 1), for jitter (not for anything secret).
 fn random_fraction() -> f64 {
-    let bits = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    (bits >> 11) as f64 / (1u64 << 53) as f64
+    fastrand::f64()
 }
 
 /// Longest backoff between two attempts of a failing parent.
@@ -313,11 +305,7 @@ const CONFLICT_RETRY: Duration = Duration::from_millis(500);
 
 /// `d` stretched by a random 0–50 %, so that retries of many parents spread out.
 fn jittered(d: Duration) -> Duration {
-    let jitter = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish()
-        % 500;
-    d.mul_f64(1.0 + jitter as f64 / 1000.0)
+    d.mul_f64(1.0 + random_fraction() * 0.5)
 }
 
 fn api_code(failure: &Failure) -> Option<u16> {

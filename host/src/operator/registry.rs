@@ -249,7 +249,8 @@ impl PluginRegistry {
         let sandbox = self.sandbox.clone();
         let owned_path = path.to_path_buf();
         let loaded =
-            tokio::task::spawn_blocking(move || sandbox.load_bytes(&bytes, &owned_path)).await;
+            tokio::task::spawn_blocking(move || sandbox.load_bytes_blocking(&bytes, &owned_path))
+                .await;
         let plugin = match loaded {
             Ok(Ok(plugin)) => plugin,
             Ok(Err(e)) => return self.failed(path, e.to_string()),

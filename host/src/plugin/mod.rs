@@ -6,6 +6,13 @@
 //! [`Plugin`]: compiled, linked, pre-instantiated and described. Every call on a
 //! [`Plugin`] runs in a fresh instance with its own deadline and memory cap.
 //!
+//! **Async and blocking callers.** Each operation comes twice: `load_file`,
+//! `reconcile_async`, `finalize_async` for async code, and `load_file_blocking`,
+//! `reconcile_blocking`, `finalize_blocking` for threads that run no async code (the
+//! command line, tests, `spawn_blocking`). None of them panics wherever it is called: a
+//! blocking call made on a thread of a tokio runtime runs on the sandbox's runtime while
+//! the caller's thread waits, which is correct but holds that thread for the call.
+//!
 //! **Why the deadline holds whatever the guest does.** Calls are async (wasmtime's
 //! `async_support`): the guest runs on a fiber and, through `epoch_deadline_async_yield_
 //! and_update`, yields back to the executor at every epoch tick (10 ms); WASI's clocks
@@ -120,6 +127,30 @@ pub enum LoadError {
     },
 }
 
+/// Why the sandbox could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The pooling allocator could not reserve its instance slots (address space or
+    /// memory limits of the process).
+    #[error(
+        "cannot reserve the plugin instance pool ({instances} instances of up to {memory_mib} MiB): {reason}"
+    )]
+    Pool {
+        /// Instances asked for.
+        instances: u32,
+        /// Memory cap of one instance, in MiB.
+        memory_mib: usize,
+        /// The engine's message.
+        reason: String,
+    },
+    /// WASI or the `log` import could not be added to the linker.
+    #[error("cannot link the host's imports: {0}")]
+    Link(String),
+    /// The threads of the call runtime could not be started.
+    #[error("cannot start the plugin call runtime")]
+    Runtime(#[source] std::io::Error),
+}
+
 /// Why a call into a plugin did not return a value. (A plugin's own `error` result is
 /// not a `CallError`: it is returned as `Ok(Err(PluginError))`.)
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -197,25 +228,25 @@ impl Drop for CallRuntime {
 
 impl Sandbox {
     /// Creates the engine and starts the epoch ticker that enforces deadlines.
-    pub fn new(config: SandboxConfig) -> anyhow::Result<Self> {
+    pub fn new(config: SandboxConfig) -> Result<Self, SandboxError> {
         let serving = engine_config(&config);
-        let engine = Engine::new(&serving).map_err(|e| {
-            anyhow::anyhow!(
-                "cannot reserve the plugin instance pool ({} instances of up to {} MiB): {}",
-                config.instances,
-                config.memory_limit >> 20,
-                one_line(&e)
-            )
+        let engine = Engine::new(&serving).map_err(|e| SandboxError::Pool {
+            instances: config.instances,
+            memory_mib: config.memory_limit >> 20,
+            reason: one_line(&e),
         })?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        bindings::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)?;
+        let link = |e: wasmtime::Error| SandboxError::Link(one_line(&e));
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(link)?;
+        bindings::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
+            .map_err(link)?;
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)
             .thread_name("capstan-sandbox")
             .enable_time()
-            .build()?;
+            .build()
+            .map_err(SandboxError::Runtime)?;
         let ticker = EpochTicker::start(engine.clone());
         let slots = Arc::new(tokio::sync::Semaphore::new(config.instances.max(1) as usize));
         Ok(Sandbox {
@@ -240,17 +271,45 @@ impl Sandbox {
         &self.config
     }
 
-    /// Reads, compiles (or takes from the cache), links and describes a plugin file.
-    pub fn load_file(&self, path: &Path) -> Result<Plugin, LoadError> {
+    /// Reads, compiles (or takes from the cache), links and describes a plugin file, for
+    /// async callers: the file is read with `tokio::fs` and compiled on the blocking
+    /// pool, so no runtime worker waits for the compiler (seconds for a large plugin).
+    pub async fn load_file(&self, path: &Path) -> Result<Plugin, LoadError> {
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|source| LoadError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+        self.load_bytes(bytes, path).await
+    }
+
+    /// Like [`Sandbox::load_file`], for bytes already read; `path` names them in errors.
+    pub async fn load_bytes(&self, bytes: Vec<u8>, path: &Path) -> Result<Plugin, LoadError> {
+        let sandbox = self.clone();
+        let owned = path.to_owned();
+        tokio::task::spawn_blocking(move || sandbox.load_bytes_blocking(&bytes, &owned))
+            .await
+            .unwrap_or_else(|e| {
+                Err(LoadError::Compile {
+                    path: path.to_owned(),
+                    reason: format!("the load did not complete: {e}"),
+                })
+            })
+    }
+
+    /// [`Sandbox::load_file`] for a thread that runs no async code: blocks it until the
+    /// plugin is compiled and described.
+    pub fn load_file_blocking(&self, path: &Path) -> Result<Plugin, LoadError> {
         let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
             path: path.to_owned(),
             source,
         })?;
-        self.load_bytes(&bytes, path)
+        self.load_bytes_blocking(&bytes, path)
     }
 
-    /// Like [`Sandbox::load_file`], for bytes already read; `path` names them in errors.
-    pub fn load_bytes(&self, bytes: &[u8], path: &Path) -> Result<Plugin, LoadError> {
+    /// [`Sandbox::load_bytes`] for a thread that runs no async code.
+    pub fn load_bytes_blocking(&self, bytes: &[u8], path: &Path) -> Result<Plugin, LoadError> {
         check_component_header(bytes).map_err(|reason| LoadError::NotComponent {
             path: path.to_owned(),
             reason,
@@ -493,9 +552,9 @@ impl Plugin {
         .await
     }
 
-    /// Calls `reconcile` and waits for it, from a thread that is not running async code
-    /// (the command line, tests).
-    pub fn reconcile(
+    /// [`Plugin::reconcile_async`] for a thread that runs no async code (the command
+    /// line, tests): blocks it until the call is done.
+    pub fn reconcile_blocking(
         &self,
         observed: &Observed,
     ) -> Result<Result<Desired, PluginError>, CallError> {
@@ -504,6 +563,23 @@ impl Plugin {
             plugin
                 .call(
                     async |guest, store| guest.call_reconcile(store, &observed).await,
+                    answer_outcome,
+                )
+                .await
+                .map(|r| r.map(Into::into).map_err(Into::into))
+        })
+    }
+
+    /// [`Plugin::finalize_async`] for a thread that runs no async code.
+    pub fn finalize_blocking(
+        &self,
+        observed: &Observed,
+    ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
+        let observed = bindings::observed_to_wit(observed);
+        self.blocking(|plugin| async move {
+            plugin
+                .call(
+                    async |guest, store| guest.call_finalize(store, &observed).await,
                     answer_outcome,
                 )
                 .await
@@ -546,18 +622,32 @@ impl Plugin {
         task.await.unwrap_or_else(|e| Err(self.lost(e)))
     }
 
-    /// Runs `call` on this thread, with the sandbox's runtime for its timers, and blocks
-    /// until it is done. Running it here rather than on a worker saves two thread
-    /// wake-ups (to start it and to hand back the answer), a fifth of a small call.
+    /// Runs `call` and blocks this thread until it is done. On a thread that runs no
+    /// runtime, the call runs here, with the sandbox's runtime for its timers: that saves
+    /// two thread wake-ups (to start it and to hand back the answer), a fifth of a small
+    /// call. On a thread of a runtime (an async task, `spawn_blocking`) that would panic
+    /// ("cannot start a runtime from within a runtime"): the call runs on the sandbox's
+    /// runtime instead and this thread waits for its answer.
     fn blocking<R, F>(&self, call: impl FnOnce(Plugin) -> F) -> Result<R, CallError>
     where
-        F: std::future::Future<Output = Result<R, CallError>>,
+        F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
+        R: Send + 'static,
     {
-        self.inner
-            .sandbox
-            .runtime
-            .handle()
-            .block_on(call(self.clone()))
+        let runtime = self.inner.sandbox.runtime.handle();
+        if tokio::runtime::Handle::try_current().is_err() {
+            return runtime.block_on(call(self.clone()));
+        }
+        let (answer, answered) = std::sync::mpsc::sync_channel(1);
+        let call = call(self.clone());
+        runtime.spawn(async move {
+            let _ = answer.send(call.await);
+        });
+        answered.recv().unwrap_or_else(|_| {
+            Err(CallError::Trap {
+                plugin: self.inner.info.name.clone(),
+                message: "the call did not complete: the sandbox's runtime stopped".into(),
+            })
+        })
     }
 
     fn lost(&self, e: tokio::task::JoinError) -> CallError {

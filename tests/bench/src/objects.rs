@@ -48,7 +48,7 @@ pub async fn install_crds(client: &Client, capstan: &Path, plugins: &[&Path]) ->
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
-        let crd: CustomResourceDefinition = serde_yaml::from_slice(&out.stdout)
+        let crd: CustomResourceDefinition = serde_yaml_ng::from_slice(&out.stdout)
             .map_err(|e| Error::Setup(format!("the CRD of {}: {e}", plugin.display())))?;
         let name = crd.name_any();
         api.patch(

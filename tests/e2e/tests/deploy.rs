@@ -69,9 +69,9 @@ async fn deploy_manifests_run_and_their_role_is_enough_and_no_more() {
         .await
         .unwrap();
     let admin = std::fs::read_to_string(std::env::var("KUBECONFIG").unwrap()).unwrap();
-    let admin: serde_yaml::Value = serde_yaml::from_str(&admin).unwrap();
+    let admin: serde_yaml_ng::Value = serde_yaml_ng::from_str(&admin).unwrap();
     let cluster = admin["clusters"][0]["cluster"].clone();
-    let kubeconfig = serde_yaml::to_string(&json!({
+    let kubeconfig = serde_yaml_ng::to_string(&json!({
         "apiVersion": "v1", "kind": "Config",
         "clusters": [{"name": "local", "cluster": serde_json::to_value(&cluster).unwrap()}],
         "users": [{"name": "capstan", "user": {"token": token}}],
