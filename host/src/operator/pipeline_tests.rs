@@ -52,7 +52,7 @@ fn load_here(name: &str) -> (Sandbox, Plugin) {
     })
     .unwrap();
     let plugin = sandbox
-        .load_file(&capstan_e2e::operator::test_plugin(name))
+        .load_file_blocking(&capstan_e2e::operator::test_plugin(name))
         .unwrap_or_else(|e| panic!("{e} (build the test plugins: cargo xtask plugins)"));
     (sandbox, plugin)
 }
