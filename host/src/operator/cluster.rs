@@ -712,7 +712,10 @@ mod tests {
                 .await
                 .unwrap();
             assert!(matches!(outcome, ChildOutcome::Conflict(_)), "{outcome:?}");
-            assert_eq!(calls.summary(), [format!("PATCH {CM}"), format!("GET {CM}")]);
+            assert_eq!(
+                calls.summary(),
+                [format!("PATCH {CM}"), format!("GET {CM}")]
+            );
             assert!(
                 is_create_only(&calls.all()[0]),
                 "the only write is create-only, refused for an existing object"
@@ -795,7 +798,10 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.class(), ErrorClass::Conflict, "{err}");
-        assert_eq!(calls.summary(), [format!("PATCH {CM}"), format!("GET {CM}")]);
+        assert_eq!(
+            calls.summary(),
+            [format!("PATCH {CM}"), format!("GET {CM}")]
+        );
     }
 
     #[tokio::test]
