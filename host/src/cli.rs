@@ -10,7 +10,7 @@ use capstan::operator::{
     self, ControllerOptions, LeaderElectionOptions, OperatorOptions, RegistryOptions, ShardOptions,
     WriteFence,
 };
-use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
+use capstan::plugin::{Plugin, Sandbox, SandboxConfig, limits};
 use capstan::render;
 
 /// Capstan: a Kubernetes operator host for sandboxed WebAssembly plugins.
@@ -156,6 +156,10 @@ struct SandboxArgs {
     /// their full concurrency without waiting; otherwise 4).
     #[arg(long, env = "CAPSTAN_PLUGIN_INSTANCES")]
     plugin_instances: Option<u32>,
+    /// CPU each plugin's calls may use together, in cores (a plugin's NAME.toml may set
+    /// its own); 0: no limit.
+    #[arg(long, env = "CAPSTAN_PLUGIN_CPU", default_value_t = 1.0)]
+    plugin_cpu: f64,
 }
 
 impl SandboxArgs {
@@ -167,6 +171,7 @@ impl SandboxArgs {
                 std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/capstan/compiled"))
             }),
             instances: self.plugin_instances.unwrap_or(4).max(1),
+            cpu: (self.plugin_cpu > 0.0).then_some(self.plugin_cpu.max(limits::MIN_CPU)),
         })
         .context("cannot set up the plugin sandbox")
     }

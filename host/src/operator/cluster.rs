@@ -22,6 +22,18 @@ use crate::plan::{self, LEGACY_FIELD_MANAGER, PlannedChild};
 /// How long one API request may take before it counts as failed (transient).
 pub const API_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The resourceVersion that makes a server-side apply create-only.
+///
+/// An apply that carries a resourceVersion is an update with that precondition when the
+/// object exists (the API server answers 409 unless it matches), and a plain create
+/// when it does not (the version is then not compared, and the stored object gets its
+/// own). No object ever has this version (u64::MAX; etcd revisions are signed 64-bit),
+/// so such an apply creates the object or is refused, never writes an existing one.
+/// A create (POST) would not do: its fields are owned by an `Update` entry of the
+/// manager, which the manager's later applies can never remove (docs/operator.md,
+/// "Ownership").
+pub const CREATE_ONLY: &str = "18446744073709551615";
+
 /// Why a request to the API server did not do what the host asked.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -260,9 +272,11 @@ impl ClusterWrites {
     ///
     /// `observed` says whether the child is among the parent's observed children (which
     /// only ever holds objects this parent controls): then it is applied directly.
-    /// Otherwise the object is read first: absent, it is created; controlled by this
-    /// parent (a cache that lags), applied; consenting to adoption, adopted; anything
-    /// else is an [`OwnershipConflict`] and nothing is written.
+    /// Otherwise it is most likely new, and is created by a create-only apply (one
+    /// request; see [`CREATE_ONLY`]). Only if its name is taken (409) is the object read:
+    /// controlled by this parent (a cache that lags), it is applied; consenting to
+    /// adoption, adopted; anything else is an [`OwnershipConflict`] and nothing is
+    /// written.
     pub async fn apply_child(
         &self,
         kinds: &ChildKinds,
@@ -278,25 +292,28 @@ impl ClusterWrites {
         let api = self.child_api(ar, kind.namespaced, ns);
         let action = || format!("apply {} {:?}", kind.kind, child.name);
         if observed {
-            return self.apply_owned(&api, child, true, action).await;
+            return self.apply_owned(&api, child, action).await;
         }
+        let create = || format!("create {} {:?}", kind.kind, child.name);
+        let taken = match self.create_child(&api, child, create).await {
+            Err(e) if is_status(&e, 409) => e,
+            created => return created,
+        };
         let existing = request(
             || format!("read {} {:?}", kind.kind, child.name),
             api.get_opt(&child.name),
         )
         .await?;
+        // Taken a moment ago, gone now: a conflict, retried soon.
         let Some(existing) = existing else {
-            // Created by this apply. Not forced: should another writer create the
-            // object between the read and this write, a field it set differently is a
-            // 409, which is retried and then seen as the conflict it is.
-            return self.apply_owned(&api, child, false, action).await;
+            return Err(taken);
         };
         let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
         let adoption = ownership::adoption_ref(&self.parent_kind, &parent.name_any());
         match ownership::ownership(&existing.metadata, parent_uid, &adoption) {
-            Ownership::Controlled => self.apply_owned(&api, child, true, action).await,
+            Ownership::Controlled => self.apply_owned(&api, child, action).await,
             Ownership::Adoptable => {
-                self.apply_owned(&api, child, true, action).await?;
+                self.apply_owned(&api, child, action).await?;
                 Ok(ChildOutcome::Adopted)
             }
             Ownership::Foreign { controller } => Ok(ChildOutcome::Conflict(OwnershipConflict {
@@ -308,17 +325,42 @@ impl ClusterWrites {
         }
     }
 
-    /// Server-side applies a child this parent owns (or creates), with the plugin's
-    /// field manager, then migrates it off the legacy shared manager if it had one.
+    /// Creates a child with a create-only apply: the same request as
+    /// [`Self::apply_owned`]'s (so the object is owned exactly as an apply owns it), with
+    /// the [`CREATE_ONLY`] resourceVersion. An object of that name, whoever it is, is
+    /// answered with 409 and left untouched.
+    async fn create_child(
+        &self,
+        api: &Api<DynamicObject>,
+        child: &PlannedChild,
+        action: impl FnOnce() -> String,
+    ) -> Result<ChildOutcome> {
+        let mut manifest = child.manifest.clone();
+        manifest["metadata"]["resourceVersion"] = json!(CREATE_ONLY);
+        let written = self
+            .write(
+                action,
+                api.patch(
+                    &child.name,
+                    &PatchParams::apply(&self.manager),
+                    &Patch::Apply(&manifest),
+                ),
+            )
+            .await?;
+        Ok(ChildOutcome::Applied {
+            resource_version: written.metadata.resource_version,
+        })
+    }
+
+    /// Server-side applies, with force, a child this parent controls (or is adopting),
+    /// with the plugin's field manager, then migrates it off the legacy shared manager if it had one.
     async fn apply_owned(
         &self,
         api: &Api<DynamicObject>,
         child: &PlannedChild,
-        force: bool,
         action: impl Fn() -> String,
     ) -> Result<ChildOutcome> {
-        let mut params = PatchParams::apply(&self.manager);
-        params.force = force;
+        let params = PatchParams::apply(&self.manager).force();
         let written = self
             .write(
                 &action,
@@ -613,32 +655,46 @@ mod tests {
         )
     }
 
-    fn existing(owner_uid: Option<&str>, annotations: Value) -> (u16, Value) {
+    fn existing(owner_uid: Option<&str>, annotations: Value) -> Value {
         let owners = owner_uid.map(|uid| {
             json!([{"apiVersion": "test.capstan.dev/v1", "kind": "Widget", "name": "other",
                     "uid": uid, "controller": true}])
         });
-        (
-            200,
-            json!({"apiVersion": "v1", "kind": "ConfigMap",
-                   "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c",
-                                "ownerReferences": owners, "annotations": annotations},
-                   "data": {"k": "mine"}}),
-        )
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c", "resourceVersion": "5",
+                            "ownerReferences": owners, "annotations": annotations},
+               "data": {"k": "mine"}})
     }
 
-    /// A handler that answers reads of `c` with `get` and applies like a server.
-    fn server(get: (u16, Value)) -> impl Fn(&Call) -> (u16, Value) + Send + Sync + 'static {
-        move |call: &Call| match call.method {
-            Method::GET => get.clone(),
-            Method::PATCH => fake_api::applied(&call.body, json!([])),
+    fn is_create_only(call: &Call) -> bool {
+        call.body["metadata"]["resourceVersion"] == CREATE_ONLY
+    }
+
+    /// A handler that behaves like the API server towards `c`, which exists as `existing`
+    /// (or not): a create-only apply creates it when absent and is refused with 409 when
+    /// present; any other apply writes it.
+    fn server(existing: Option<Value>) -> impl Fn(&Call) -> (u16, Value) + Send + Sync + 'static {
+        move |call: &Call| match (&call.method, &existing) {
+            (&Method::GET, Some(obj)) => (200, obj.clone()),
+            (&Method::GET, None) => fake_api::status(404, "NotFound", "not found"),
+            (&Method::PATCH, Some(_)) if is_create_only(call) => fake_api::status(
+                409,
+                "Conflict",
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ),
+            (&Method::PATCH, None) if is_create_only(call) => {
+                (201, fake_api::applied(&call.body, json!([])).1)
+            }
+            (&Method::PATCH, _) => fake_api::applied(&call.body, json!([])),
             _ => fake_api::status(405, "MethodNotAllowed", "unexpected"),
         }
     }
 
+    const CM: &str = "/api/v1/namespaces/ns/configmaps/c";
+
     #[tokio::test]
     async fn an_object_the_parent_does_not_control_is_read_and_never_written() {
-        for get in [
+        for obj in [
             existing(None, json!({})),
             existing(Some("uid-other"), json!({})),
             existing(
@@ -650,19 +706,26 @@ mod tests {
                 json!({"capstan.dev/allow-adoption-by": "widgets.test.capstan.dev/another"}),
             ),
         ] {
-            let (writes, calls) = fake(server(get));
+            let (writes, calls) = fake(server(Some(obj)));
             let outcome = writes
                 .apply_child(&configmaps(), &parent(), &child("c"), false)
                 .await
                 .unwrap();
             assert!(matches!(outcome, ChildOutcome::Conflict(_)), "{outcome:?}");
-            assert_eq!(calls.summary(), ["GET /api/v1/namespaces/ns/configmaps/c"]);
+            assert_eq!(
+                calls.summary(),
+                [format!("PATCH {CM}"), format!("GET {CM}")]
+            );
+            assert!(
+                is_create_only(&calls.all()[0]),
+                "the only write is create-only, refused for an existing object"
+            );
         }
     }
 
     #[tokio::test]
-    async fn an_absent_child_is_created_with_the_plugins_manager_and_without_force() {
-        let (writes, calls) = fake(server(fake_api::status(404, "NotFound", "not found")));
+    async fn an_absent_child_is_created_in_one_request_as_an_apply_would() {
+        let (writes, calls) = fake(server(None));
         let outcome = writes
             .apply_child(&configmaps(), &parent(), &child("c"), false)
             .await
@@ -673,60 +736,84 @@ mod tests {
                 resource_version: Some("7".into())
             }
         );
-        let all = calls.all();
-        assert_eq!(
-            calls.summary(),
-            [
-                "GET /api/v1/namespaces/ns/configmaps/c",
-                "PATCH /api/v1/namespaces/ns/configmaps/c"
-            ]
-        );
+        assert_eq!(calls.summary(), [format!("PATCH {CM}")]);
+        let create = &calls.all()[0];
         assert!(
-            all[1].has_query("fieldManager=capstan%2Fwidget"),
+            create.has_query("fieldManager=capstan%2Fwidget"),
             "{}",
-            all[1].query
+            create.query
         );
-        assert!(!all[1].has_query("force=true"), "{}", all[1].query);
+        assert!(!create.has_query("force=true"), "{}", create.query);
+        let mut expected = child("c").manifest;
+        expected["metadata"]["resourceVersion"] = json!(CREATE_ONLY);
+        assert_eq!(
+            create.body, expected,
+            "the same fields as an apply, and the create-only precondition"
+        );
     }
 
     #[tokio::test]
-    async fn a_consenting_object_is_adopted_and_a_controlled_one_applied_with_force() {
+    async fn a_taken_name_is_adopted_if_it_consents_and_applied_if_controlled() {
         let consenting = existing(
             None,
             json!({"capstan.dev/allow-adoption-by": "widgets.test.capstan.dev/w"}),
         );
-        let (writes, calls) = fake(server(consenting));
+        let (writes, calls) = fake(server(Some(consenting)));
         let outcome = writes
             .apply_child(&configmaps(), &parent(), &child("c"), false)
             .await
             .unwrap();
         assert_eq!(outcome, ChildOutcome::Adopted);
-        assert!(calls.all()[1].has_query("force=true"));
+        let all = calls.all();
+        assert_eq!(
+            calls.summary(),
+            [
+                format!("PATCH {CM}"),
+                format!("GET {CM}"),
+                format!("PATCH {CM}")
+            ]
+        );
+        assert!(all[2].has_query("force=true") && !is_create_only(&all[2]));
+        assert_eq!(all[2].body, child("c").manifest);
 
-        let (writes, calls) = fake(server(existing(Some("uid-w"), json!({}))));
+        let (writes, calls) = fake(server(Some(existing(Some("uid-w"), json!({})))));
         let outcome = writes
             .apply_child(&configmaps(), &parent(), &child("c"), false)
             .await
             .unwrap();
         assert!(matches!(outcome, ChildOutcome::Applied { .. }));
-        assert!(calls.all()[1].has_query("force=true"));
+        let all = calls.all();
+        assert_eq!(all.len(), 3, "{:?}", calls.summary());
+        assert!(all[2].has_query("force=true") && !is_create_only(&all[2]));
+    }
+
+    #[tokio::test]
+    async fn a_name_taken_then_freed_is_a_conflict_retried_soon() {
+        let (writes, calls) = fake(|call: &Call| match call.method {
+            Method::PATCH => fake_api::status(409, "Conflict", "the object has been modified"),
+            _ => fake_api::status(404, "NotFound", "not found"),
+        });
+        let err = writes
+            .apply_child(&configmaps(), &parent(), &child("c"), false)
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Conflict, "{err}");
+        assert_eq!(
+            calls.summary(),
+            [format!("PATCH {CM}"), format!("GET {CM}")]
+        );
     }
 
     #[tokio::test]
     async fn an_observed_child_is_applied_without_a_read() {
-        let (writes, calls) = fake(server(fake_api::status(
-            500,
-            "InternalError",
-            "no reads expected",
-        )));
+        let (writes, calls) = fake(server(Some(existing(Some("uid-w"), json!({})))));
         writes
             .apply_child(&configmaps(), &parent(), &child("c"), true)
             .await
             .unwrap();
-        assert_eq!(
-            calls.summary(),
-            ["PATCH /api/v1/namespaces/ns/configmaps/c"]
-        );
+        assert_eq!(calls.summary(), [format!("PATCH {CM}")]);
+        let apply = &calls.all()[0];
+        assert!(apply.has_query("force=true") && !is_create_only(apply));
     }
 
     #[tokio::test]

@@ -49,6 +49,7 @@ fn load_here(name: &str) -> (Sandbox, Plugin) {
         memory_limit: 32 << 20,
         cache_dir: Some(cache_dir()),
         instances: 4,
+        ..SandboxConfig::default()
     })
     .unwrap();
     let plugin = sandbox

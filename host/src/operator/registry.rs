@@ -27,7 +27,7 @@ use super::leader::WriteFence;
 use super::metrics::{Metrics, PluginState};
 use super::reconcile::FINALIZER;
 use crate::plan::HOST_FIELD_MANAGER;
-use crate::plugin::{Plugin, Sandbox, sha256_hex};
+use crate::plugin::{Plugin, Sandbox, limits, sha256_hex};
 
 /// Options of the registry.
 #[derive(Debug, Clone)]
@@ -80,6 +80,8 @@ struct FileState {
     serving: Option<(Plugin, RunningController)>,
     /// Why the last load failed.
     error: Option<String>,
+    /// (size, mtime) of the plugin's limits file when last read (inner `None`: none).
+    limits_stamp: Option<Option<(u64, SystemTime)>>,
 }
 
 impl PluginRegistry {
@@ -209,6 +211,7 @@ impl PluginRegistry {
         }
         let mut settling = false;
         for (path, stamp) in present {
+            self.refresh_limits(&path);
             let state = self.files.entry(path.clone()).or_default();
             if state.stamp == Some(stamp) {
                 if state.retry.is_some_and(|(at, _)| at <= Instant::now()) {
@@ -282,6 +285,11 @@ impl PluginRegistry {
                 format!("{}: cannot install the CRD: {e}", path.display()),
             );
         }
+        let previous = self.files[path]
+            .serving
+            .as_ref()
+            .map(|(p, _)| p.limits_file());
+        let limits_error = self.apply_limits(path, &plugin, previous.unwrap_or_default());
         let state = self.files.get_mut(path).expect("state exists");
         if let Some((old, controller)) = state.serving.take() {
             controller.stop().await;
@@ -296,11 +304,63 @@ impl PluginRegistry {
             &self.caches,
             &self.opts.controller,
         );
-        state.error = None;
+        state.error = limits_error.clone();
         state.retry = None;
         self.metrics
-            .set_plugin(PluginState::of(path, Some(&plugin), None));
+            .set_plugin(PluginState::of(path, Some(&plugin), limits_error));
         state.serving = Some((plugin, controller));
+    }
+
+    /// Hands the serving version of `path` its limits file again when that file was
+    /// added, changed or removed since it was last read.
+    fn refresh_limits(&mut self, path: &Path) {
+        let Some(state) = self.files.get_mut(path) else {
+            return;
+        };
+        let stamp = file_stamp(&limits::file_of(path));
+        if state.limits_stamp == Some(stamp) {
+            return;
+        }
+        let Some((plugin, _)) = &state.serving else {
+            return;
+        };
+        let plugin = plugin.clone();
+        let error = self.apply_limits(path, &plugin, plugin.limits_file());
+        let state = self.files.get_mut(path).expect("state exists");
+        state.error = error.clone();
+        self.metrics
+            .set_plugin(PluginState::of(path, Some(&plugin), error));
+    }
+
+    /// Reads the limits file of `path` and sets it on `plugin`; a bad file is reported
+    /// (the message is returned) and `plugin` gets `fallback`, the limits it had.
+    fn apply_limits(
+        &mut self,
+        path: &Path,
+        plugin: &Plugin,
+        fallback: limits::LimitsFile,
+    ) -> Option<String> {
+        let file = limits::file_of(path);
+        let stamp = file_stamp(&file);
+        if let Some(state) = self.files.get_mut(path) {
+            state.limits_stamp = Some(stamp);
+        }
+        match limits::read(path, self.sandbox.config()) {
+            Ok(limits) => {
+                let limits = limits.unwrap_or_default();
+                if stamp.is_some() {
+                    info!(file = %file.display(), plugin = %plugin.info().name, ?limits, "plugin limits set");
+                }
+                plugin.set_limits(limits);
+                None
+            }
+            Err(e) => {
+                let message = format!("limits not changed: {e}");
+                error!(plugin = %plugin.info().name, "{message}");
+                plugin.set_limits(fallback);
+                Some(message)
+            }
+        }
     }
 
     /// Another file whose serving plugin reconciles the same parent kind. Claims are
@@ -361,6 +421,15 @@ fn watch_dir(
             None
         }
     }
+}
+
+/// (size, mtime) of `path`, following symlinks; `None` when it is not a file.
+fn file_stamp(path: &Path) -> Option<(u64, SystemTime)> {
+    let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+    Some((
+        meta.len(),
+        meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+    ))
 }
 
 /// `*.wasm` files in `dir` with their (size, mtime), sorted by name so that the first

@@ -30,14 +30,17 @@
 
 mod bindings;
 mod cache;
+mod cpu;
+pub mod limits;
 mod state;
 mod stats;
 
+pub use limits::{LimitsError, LimitsFile};
 pub use stats::{Outcome, SandboxMetrics, SandboxSummary};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -46,6 +49,7 @@ use wasmtime::{Engine, Store, Trap};
 
 use crate::contract::{Desired, FinalizeResult, Observed, PluginError, PluginInfo};
 use bindings::PluginPre;
+use limits::Limits;
 use state::CallState;
 
 /// The contract version this host speaks, as in `wit/capstan.wit`.
@@ -69,6 +73,8 @@ pub struct SandboxConfig {
     pub cache_dir: Option<PathBuf>,
     /// Instances that may exist at once, across all plugins (the pool's size).
     pub instances: u32,
+    /// CPU each plugin's calls may use together, in cores; `None`: no share.
+    pub cpu: Option<f64>,
 }
 
 impl Default for SandboxConfig {
@@ -78,6 +84,7 @@ impl Default for SandboxConfig {
             memory_limit: 64 << 20,
             cache_dir: None,
             instances: DEFAULT_INSTANCES,
+            cpu: None,
         }
     }
 }
@@ -244,6 +251,7 @@ impl Sandbox {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)
             .thread_name("capstan-sandbox")
+            .on_thread_start(cpu::lower_this_threads_priority)
             .enable_time()
             .build()
             .map_err(SandboxError::Runtime)?;
@@ -358,6 +366,10 @@ impl Sandbox {
                 path: path.to_owned(),
                 slow: SlowUntil::default(),
                 _cache_entry: None,
+                limits: RwLock::new(Arc::new(Limits::resolve(
+                    &self.config,
+                    LimitsFile::default(),
+                ))),
             }),
         };
         let info = plugin.describe().map_err(|e| LoadError::Describe {
@@ -379,6 +391,10 @@ impl Sandbox {
                 path: inner.path.clone(),
                 slow: SlowUntil::default(),
                 _cache_entry: cached,
+                limits: RwLock::new(Arc::new(Limits::resolve(
+                    &self.config,
+                    LimitsFile::default(),
+                ))),
             }),
         })
     }
@@ -449,6 +465,8 @@ struct PluginInner {
     slow: SlowUntil,
     /// Keeps the compiled code's cache entry from eviction while the plugin is loaded.
     _cache_entry: Option<cache::CacheEntry>,
+    /// The limits its calls run under; a call takes them as they are when it starts.
+    limits: RwLock<Arc<Limits>>,
 }
 
 /// How long after a call that ran an epoch tick or more a plugin's async calls start on
@@ -502,6 +520,22 @@ impl Plugin {
     /// sha256 of the component's bytes, hex.
     pub fn sha256(&self) -> &str {
         &self.inner.sha256
+    }
+
+    /// Sets the plugin's own limits (from its limits file, [`limits`]) over the
+    /// sandbox's; calls that start from now on run under them.
+    pub fn set_limits(&self, file: LimitsFile) {
+        let resolved = Arc::new(Limits::resolve(&self.inner.sandbox.config, file));
+        *self.inner.limits.write().expect("limits lock") = resolved;
+    }
+
+    /// What the plugin's limits file set (empty: the sandbox's limits throughout).
+    pub fn limits_file(&self) -> LimitsFile {
+        self.limits().file.clone()
+    }
+
+    fn limits(&self) -> Arc<Limits> {
+        self.inner.limits.read().expect("limits lock").clone()
     }
 
     fn describe(&self) -> Result<PluginInfo, CallError> {
@@ -670,17 +704,26 @@ impl Plugin {
     ) -> Result<R, CallError> {
         let sandbox = &self.inner.sandbox;
         let name = &self.inner.info.name;
+        let limits = self.limits();
         let waiting = Instant::now();
+        let _turn = match &limits.concurrency {
+            Some(calls) => Some(
+                calls
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("a plugin's call semaphore is never closed"),
+            ),
+            None => None,
+        };
         let _slot = sandbox
             .slots
             .acquire()
             .await
             .expect("the slot semaphore is never closed");
         sandbox.metrics.waited_for_slot(waiting.elapsed());
-        let mut store = Store::new(
-            &sandbox.engine,
-            CallState::new(name, sandbox.config.memory_limit),
-        );
+        let _running = sandbox.metrics.running(name);
+        let mut store = Store::new(&sandbox.engine, CallState::new(name, limits.memory_limit));
         store.limiter(|s| &mut s.limits);
         // Yield at the next epoch tick, then at every tick (a new store's deadline is
         // the epoch already passed: without this, every call yields at its first
@@ -688,11 +731,17 @@ impl Plugin {
         store.set_epoch_deadline(1);
         store.epoch_deadline_async_yield_and_update(1);
         let started = Instant::now();
-        let outcome = tokio::time::timeout(sandbox.config.deadline, async {
+        let run = async {
             let instance = self.inner.pre.instantiate_async(&mut store).await?;
             f(instance.capstan_plugin_reconciler(), &mut store).await
-        })
-        .await;
+        };
+        // Time held back by the plugin's CPU share counts against its deadline.
+        let outcome = match &limits.cpu {
+            Some(budget) => {
+                tokio::time::timeout(limits.deadline, cpu::metered(budget.clone(), run)).await
+            }
+            None => tokio::time::timeout(limits.deadline, run).await,
+        };
         let took = started.elapsed();
         if took >= EPOCH_TICK {
             self.inner.slow.mark();
@@ -700,12 +749,12 @@ impl Plugin {
         let output = store.data_mut().take_output();
         output.log(name);
         let result = match outcome {
-            Ok(result) => result.map_err(|err| self.classify(err, store.data(), &output)),
+            Ok(result) => result.map_err(|err| self.classify(err, store.data(), &output, &limits)),
             Err(_) => {
                 tracing::debug!(plugin = %name, elapsed = ?took, "call stopped at its deadline");
                 Err(CallError::Deadline {
                     plugin: name.clone(),
-                    deadline: sandbox.config.deadline,
+                    deadline: limits.deadline,
                 })
             }
         };
@@ -731,18 +780,19 @@ impl Plugin {
         err: wasmtime::Error,
         state: &CallState,
         output: &state::Output,
+        limits: &Limits,
     ) -> CallError {
         let plugin = self.inner.info.name.clone();
         if state.memory_exceeded() {
             return CallError::MemoryCap {
                 plugin,
-                limit_mib: self.inner.sandbox.config.memory_limit >> 20,
+                limit_mib: limits.memory_limit >> 20,
             };
         }
         if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
             return CallError::Deadline {
                 plugin,
-                deadline: self.inner.sandbox.config.deadline,
+                deadline: limits.deadline,
             };
         }
         if let Some(message) = output.panic_message() {

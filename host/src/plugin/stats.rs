@@ -78,6 +78,7 @@ pub struct SandboxMetrics {
     duration: Family<PluginLabel, Histogram>,
     peak_memory: Family<PluginLabel, Gauge>,
     dropped: Family<PluginLabel, Counter>,
+    running: Family<PluginLabel, Gauge>,
     slot_wait: Histogram,
     summaries: Arc<Mutex<BTreeMap<String, SandboxSummary>>>,
 }
@@ -92,6 +93,7 @@ impl Default for SandboxMetrics {
             }),
             peak_memory: Family::default(),
             dropped: Family::default(),
+            running: Family::default(),
             slot_wait: Histogram::new(exponential_buckets(0.000_1, 4.0, 10)),
             summaries: Arc::default(),
         }
@@ -120,6 +122,11 @@ impl SandboxMetrics {
             "capstan_plugin_output_dropped_bytes",
             "Bytes a plugin printed past the per-call capacity, dropped",
             self.dropped.clone(),
+        );
+        registry.register(
+            "capstan_plugin_calls_running",
+            "Calls of the plugin running now (in an instance, including time held back by its CPU share)",
+            self.running.clone(),
         );
         registry.register(
             "capstan_sandbox_slot_wait_seconds",
@@ -163,6 +170,18 @@ impl SandboxMetrics {
         s.output_dropped_bytes += dropped;
     }
 
+    /// Counts a call of `plugin` as running until the guard is dropped.
+    pub fn running(&self, plugin: &str) -> Running {
+        let gauge = self
+            .running
+            .get_or_create(&PluginLabel {
+                plugin: plugin.into(),
+            })
+            .clone();
+        gauge.inc();
+        Running(gauge)
+    }
+
     /// Records how long a call waited for an instance slot.
     pub fn waited_for_slot(&self, waited: Duration) {
         self.slot_wait.observe(waited.as_secs_f64());
@@ -179,6 +198,15 @@ impl SandboxMetrics {
     }
 }
 
+/// A running call, counted in `capstan_plugin_calls_running` while it lives.
+pub struct Running(Gauge);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +217,8 @@ mod tests {
         m.record("w", Outcome::Ok, Duration::from_micros(80), 1 << 20, 0);
         m.record("w", Outcome::Deadline, Duration::from_secs(2), 3 << 20, 0);
         m.record("w", Outcome::Ok, Duration::from_micros(90), 2 << 20, 500);
+        let (a, b) = (m.running("w"), m.running("w"));
+        drop(a);
         let s = m.summary("w");
         assert_eq!(s.calls["ok"], 2);
         assert_eq!(s.calls["deadline"], 1);
@@ -210,5 +240,10 @@ mod tests {
             text.contains("capstan_plugin_output_dropped_bytes_total{plugin=\"w\"} 500"),
             "{text}"
         );
+        assert!(
+            text.contains("capstan_plugin_calls_running{plugin=\"w\"} 1"),
+            "{text}"
+        );
+        drop(b);
     }
 }

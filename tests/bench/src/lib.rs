@@ -13,6 +13,7 @@ pub mod objects;
 pub mod process;
 pub mod procfs;
 pub mod report;
+pub mod requests;
 pub mod scenarios;
 
 use std::path::PathBuf;

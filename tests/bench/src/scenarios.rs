@@ -14,6 +14,7 @@ use crate::objects::{self, BenchNamespace, Converged};
 use crate::process::{CapstanRun, Operator};
 use crate::procfs;
 use crate::report::{self, Table, against, mib, secs};
+use crate::requests::RequestCounts;
 use crate::{Error, Result};
 
 /// What to measure with, and where results go.
@@ -58,6 +59,10 @@ const QUICK: Sizes = Sizes {
     reload_trials: 1,
     shards: (60, 15),
 };
+
+/// The resources the Widget scenario's operator works on: the parents (and their
+/// `/status`), their ConfigMaps, and events.
+const WIDGET_RESOURCES: &[&str] = &["widgets", "configmaps", "events"];
 
 /// How long the namespace of a finished measurement may take to go away.
 const CLEANUP: Duration = Duration::from_secs(180);
@@ -418,22 +423,28 @@ impl Bench {
             let mut converged = Converged::watch(api, objects::widget_settled).await?;
             let name = format!("widget-{n}");
             let dir = self.plugin_dir(&name, &[&self.widget_wasm()])?;
+            let requests_before =
+                RequestCounts::read_settled(&self.client, WIDGET_RESOURCES, CLEANUP).await;
             let before = self.control_plane.usage();
             let mut op = self.start_capstan(&dir, &ns, &name, None)?;
             converged
                 .wait_for(n, self.converge_timeout(3 * n), || op.alive())
                 .await?;
-            results.push(
-                Converge::measure(
-                    Subject::Capstan,
-                    n,
-                    created,
-                    &op,
-                    &self.control_plane,
-                    before,
-                )
-                .await,
-            );
+            let mut result = Converge::measure(
+                Subject::Capstan,
+                n,
+                created,
+                &op,
+                &self.control_plane,
+                before,
+            )
+            .await;
+            if let Some(before) = requests_before {
+                result.api_requests = RequestCounts::read(&self.client, WIDGET_RESOURCES)
+                    .await
+                    .map(|after| after.since(&before));
+            }
+            results.push(result);
             op.kill();
             ns.delete(CLEANUP).await?;
         }
@@ -450,9 +461,18 @@ impl Bench {
                 "mean reconcile",
                 "API server CPU",
                 "etcd CPU",
+                "API requests/parent",
+                "by verb",
             ],
         );
         for (i, r) in results.iter().enumerate() {
+            let requests = r
+                .requests_per_parent()
+                .map(|per| match r.n {
+                    1000 => format!("{per:.2} ({})", against(per, 3.1, self.cfg.quick)),
+                    _ => format!("{per:.2}"),
+                })
+                .unwrap_or_else(|| "not read".into());
             let ratio = i
                 .checked_sub(1)
                 .map(|j| &results[j])
@@ -483,6 +503,8 @@ impl Bench {
                     .unwrap_or_default(),
                 secs(r.apiserver_cpu_seconds),
                 secs(r.etcd_cpu_seconds),
+                requests,
+                r.requests_by_verb_text(),
             ]);
         }
         table.print();
@@ -736,6 +758,10 @@ struct Converge {
     status_writes: Option<u64>,
     /// Mean of capstan_reconcile_duration_seconds (capstan only).
     mean_reconcile_ms: Option<f64>,
+    /// Requests the API server answered meanwhile for the scenario's resources, by verb
+    /// (from its `apiserver_request_total`; the Widget scenario only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_requests: Option<BTreeMap<String, u64>>,
 }
 
 impl Converge {
@@ -791,7 +817,23 @@ impl Converge {
             reconciles,
             status_writes: total("capstan_status_writes_total{").map(|v| v as u64),
             mean_reconcile_ms,
+            api_requests: None,
         }
+    }
+
+    /// API requests per converged parent, all verbs.
+    fn requests_per_parent(&self) -> Option<f64> {
+        let requests = self.api_requests.as_ref()?;
+        Some(requests.values().sum::<u64>() as f64 / self.n as f64)
+    }
+
+    fn requests_by_verb_text(&self) -> String {
+        self.api_requests
+            .iter()
+            .flatten()
+            .map(|(verb, n)| format!("{verb} {:.2}", *n as f64 / self.n as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn reconciles_text(&self) -> String {

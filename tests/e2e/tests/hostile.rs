@@ -2,8 +2,11 @@
 //! parent per misbehaviour of the test plugin `widget`, all at once, beside a
 //! well-behaved neighbour plugin. For each: the host keeps serving, the parent says in
 //! one line what happened (a `Ready` condition and a Warning event), nothing is written
-//! for refused output, and the neighbour's reconciles are not slowed beyond 4x their
-//! median. Plugins whose `describe` misbehaves are loaded beside them.
+//! for refused output, and the neighbour's reconciles are not starved: the ratio of its
+//! median latency beside the hostile plugin to its median alone is printed against the
+//! goal of 1.5 (the plugins' CPU shares and the sandbox's lower priority), and bounded. Plugins whose
+//! `describe` misbehaves are loaded beside them. And a plugin's own limits file sets its
+//! limits, and reloads with it.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +20,12 @@ use serde_json::{Value, json};
 const T: Duration = Duration::from_secs(90);
 const DEADLINE: &str = "plugin widget ran past its deadline of 1s and was stopped";
 const MEMORY: &str = "plugin widget exceeded its memory cap of 32 MiB and was stopped";
+/// The goal for the neighbour's median latency beside the hostile plugin over its median
+/// alone (docs/sandbox.md, "CPU"): printed against the measure, not asserted.
+const NEIGHBOUR_GOAL: f64 = 1.5;
+/// The bound asserted: a starved neighbour (seconds) is far above it, and no burst of
+/// outside load on a shared machine reaches it (see the assertion).
+const NEIGHBOUR_BOUND: f64 = 4.0;
 
 /// What a parent in `mode` must end up saying: `Ready` status, then the (reason,
 /// message fragment) pairs it may show — more than one where two limits race (a huge
@@ -171,6 +180,22 @@ async fn uuid_latencies(api: &Api<DynamicObject>, prefix: &str, n: usize) -> Vec
     latencies
 }
 
+/// CPU time (user and system) the operator's process has used so far.
+fn process_cpu(op: &Operator) -> Duration {
+    let pid = op.pid().expect("the operator runs");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces): utime and stime are the
+    // 14th and 15th of the line, in clock ticks (100 per second on Linux).
+    let after_name = stat.rsplit_once(')').unwrap().1;
+    let fields: Vec<u64> = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|f| f.parse().unwrap())
+        .collect();
+    Duration::from_millis((fields[0] + fields[1]) * 10)
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -226,18 +251,37 @@ async fn every_hostile_plugin_is_stopped_reported_and_does_not_slow_its_neighbou
     // A well-behaved parent of the same plugin, queued behind the sleepers.
     let queued_at = Instant::now();
     create_object(&widgets, &widgets_kind, "patient", json!({"count": 1})).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The hostile calls are running: every one of the plugin's 4 (--concurrency) at once.
+    let running = "capstan_plugin_calls_running{plugin=\"widget\"}";
+    wait_for("4 hostile calls running at once", T, || async {
+        Ok((op.counter(running).await? >= 4).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let (cpu_before, window) = (process_cpu(&op), Instant::now());
     let during = median(uuid_latencies(&uuids, "during", 15).await);
+    let hostile_cores =
+        (process_cpu(&op) - cpu_before).as_secs_f64() / window.elapsed().as_secs_f64();
+    let still_running = op.counter(running).await.unwrap();
     let ratio = during.as_secs_f64() / before.as_secs_f64();
+    let verdict = if ratio <= NEIGHBOUR_GOAL {
+        "ok"
+    } else {
+        "OVER"
+    };
     eprintln!(
-        "neighbour median reconcile latency: {before:?} alone, {during:?} beside the hostile plugin (ratio {ratio:.2})"
+        "neighbour median reconcile latency: {before:?} alone, {during:?} beside the hostile plugin (ratio {ratio:.2}, goal {NEIGHBOUR_GOAL}: {verdict}); the host used {hostile_cores:.2} cores meanwhile, {still_running} hostile calls still running at the end"
     );
-    // Measured on two cores at 5 ms resolution: 2.2-3.0 (14 ms alone, 30-44 ms beside
-    // three spinning, three sleeping and 19 other hostile parents, which share the
-    // cores with the host and the API server). A starved neighbour (the sandbox before
-    // async calls: seconds) is far above this bound.
     assert!(
-        ratio <= 4.0,
+        still_running >= 1,
+        "the hostile load stopped during the measurement"
+    );
+    // Two medians of 15 latencies of 10-30 ms, a few seconds apart, on a machine whose
+    // other load may change in between: measured with and without the CPU shares on two
+    // cores shared with other builds, every ratio was 0.57-1.34, and the two could not
+    // be told apart there; the goal is printed above, the bound asserted is loose.
+    assert!(
+        ratio <= NEIGHBOUR_BOUND,
         "the neighbour slowed from {before:?} to {during:?} (ratio {ratio:.2})\n{}",
         op.log_tail()
     );
@@ -415,4 +459,96 @@ async fn every_hostile_plugin_is_stopped_reported_and_does_not_slow_its_neighbou
     )
     .await
     .unwrap();
+}
+
+/// Writes `text` as the limits file of the widget plugin in `op`'s directory, atomically.
+fn write_limits(op: &Operator, text: &str) {
+    let tmp = op.plugins.path().join(".widget.toml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, op.plugins.path().join("widget.toml")).unwrap();
+}
+
+/// Waits until the operator logged that it set a plugin's limits `n` times.
+async fn limits_set(op: &Operator, n: usize) {
+    wait_for(&format!("limits set {n} times"), T, || async {
+        Ok((op.log().matches("plugin limits set").count() >= n).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+}
+
+/// Creates a widget that sleeps in every call, and returns the message of its `Ready`
+/// condition once it says the call ran past a deadline of `deadline`.
+async fn sleeper_stopped_at(
+    op: &Operator,
+    widgets: &Api<DynamicObject>,
+    name: &str,
+    deadline: &str,
+) -> String {
+    let kind = test_kind("Widget", "widgets");
+    create_object(widgets, &kind, name, json!({"mode": "sleep", "count": 1})).await;
+    let expected = format!("plugin widget ran past its deadline of {deadline} and was stopped");
+    wait_for(&format!("{name}: {expected}"), T, || async {
+        let o = widgets.get(name).await?;
+        Ok(ready_condition(&o)
+            .filter(|(status, _, message)| status == "False" && message.contains(&expected)))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    expected
+}
+
+#[tokio::test]
+async fn a_plugins_limits_file_sets_its_limits_and_reloads_with_it() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "limits").await;
+    // The flags' deadline is 5 s; the plugin's own file asks for less.
+    let op = Operator::start(
+        &ns.name,
+        &[&test_plugin("widget")],
+        &["--plugin-timeout-ms", "5000"],
+    )
+    .await;
+    let widgets_kind = test_kind("Widget", "widgets");
+    let widgets = Api::<DynamicObject>::namespaced_with(client.clone(), &ns.name, &widgets_kind);
+
+    write_limits(
+        &op,
+        "# the widget answers fast, or not at all\ntimeout-ms = 300\n",
+    );
+    limits_set(&op, 1).await;
+    sleeper_stopped_at(&op, &widgets, "sleeper-1", "300ms").await;
+
+    // A bad file: one readable error in /plugins, the plugin serving under the limits
+    // it had.
+    write_limits(&op, "timeout-ms = \"soon\"\n");
+    let error = wait_for("the bad limits file to be reported", T, || async {
+        let states = op.plugin_states().await?;
+        let widget = plugin_state(&states, "widget.wasm");
+        Ok(widget["error"]
+            .as_str()
+            .map(String::from)
+            .filter(|_| widget["serving"] == true))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    assert!(error.starts_with("limits not changed: "), "{error}");
+    assert!(
+        error.contains(
+            "widget.toml is not a limits file: invalid type: string \"soon\", expected u64"
+        ),
+        "{error}"
+    );
+    assert_eq!(error.lines().count(), 1, "{error}");
+    sleeper_stopped_at(&op, &widgets, "sleeper-2", "300ms").await;
+
+    // Fixed: the new limits apply, and the error is gone.
+    write_limits(&op, "timeout-ms = 700\n");
+    limits_set(&op, 2).await;
+    let states = op.plugin_states().await.unwrap();
+    assert!(
+        plugin_state(&states, "widget.wasm")["error"].is_null(),
+        "{states:?}"
+    );
+    sleeper_stopped_at(&op, &widgets, "sleeper-3", "700ms").await;
 }
