@@ -487,9 +487,8 @@ impl StoreState {
             if !apply || target.status {
                 return status(404, "NotFound", "not found");
             }
-            if wanted_rv.is_some() {
-                return status(409, "Conflict", "the object has been modified");
-            }
+            // As the API server does: an apply that creates ignores the resourceVersion
+            // it carries (the host's create-only apply carries one no object can have).
             let ns = target.namespace();
             return (201, self.insert_new(&target.path, call.body.clone(), ns));
         };
