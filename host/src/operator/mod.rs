@@ -6,6 +6,7 @@ mod cluster;
 mod controller;
 #[cfg(test)]
 mod fake_api;
+mod finalizers;
 mod freshness;
 mod http;
 mod leader;
@@ -26,6 +27,7 @@ use anyhow::Context as _;
 use kube::Client;
 
 pub use controller::ControllerOptions;
+pub use finalizers::{FORCE_RELEASE_ANNOTATION, ForceRelease};
 pub use leader::{LeaderElectionOptions, LeaseLock, WriteFence};
 pub use membership::ShardOptions;
 pub use metrics::{Metrics, PluginState};
