@@ -76,7 +76,7 @@ pub enum Error {
         /// The file refused.
         refused: PathBuf,
         /// The kind.
-        kind: KindRef,
+        kind: String,
     },
     /// `--install-crds` is on and the plugin ships no CRD.
     #[error("plugin {plugin} ships no CRD")]
@@ -416,7 +416,7 @@ impl PluginRegistry {
             let claimed = |kept: &Path, refused: &Path| Error::KindClaimed {
                 kept: kept.to_path_buf(),
                 refused: refused.to_path_buf(),
-                kind: plugin.info().parent.clone(),
+                kind: plugin.info().parent.to_string(),
             };
             if !(started.contains(&other) && path < other.as_path()) {
                 return self.failed_for_now(path, claimed(&other, path).to_string());
