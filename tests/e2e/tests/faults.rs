@@ -157,8 +157,8 @@ async fn release_during_restart(
         Ok((list.len() == GUARDS && holding(&list) == 0 && released).then_some(()))
     })
     .await?;
-    let retried = op.log().matches("will retry").count();
-    println!("release retried {retried} times across the API server restart");
+    let retries = op.log().matches("will retry").count();
+    println!("release retried {retries} times across the API server restart");
 
     let names: Vec<String> = api
         .list(&ListParams::default())
