@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use capstan::operator::{
-    self, ControllerOptions, ForceRelease, LeaderElectionOptions, OperatorOptions, RegistryOptions,
-    ShardOptions, WriteFence,
+    self, ControllerOptions, ForceRelease, LeaderElectionOptions, OperatorOptions, PendingReleases,
+    RegistryOptions, ShardOptions, WriteFence,
 };
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
 use capstan::render;
@@ -291,6 +291,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 dir: args.plugins,
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(50)),
                 install_crds: args.install_crds,
+                pending_releases: PendingReleases::default(),
                 controller: ControllerOptions {
                     namespace: args.namespace,
                     default_resync: Duration::from_secs(args.resync_seconds.max(1)),

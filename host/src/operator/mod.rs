@@ -32,7 +32,7 @@ pub use leader::{LeaderElectionOptions, LeaseLock, WriteFence};
 pub use membership::ShardOptions;
 pub use metrics::{Metrics, PluginState};
 pub use reconcile::FINALIZER;
-pub use registry::{PluginRegistry, RegistryOptions};
+pub use registry::{PendingReleases, PluginRegistry, RegistryOptions};
 
 use crate::plugin::Sandbox;
 use membership::{Membership, after_renewal, before_renewal};

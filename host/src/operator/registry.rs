@@ -135,6 +135,40 @@ pub struct RegistryOptions {
     pub install_crds: bool,
     /// Options for every controller.
     pub controller: ControllerOptions,
+    /// The releases of finalizers still to do, shared by the registries the process
+    /// runs one after another (see [`PendingReleases`]).
+    pub pending_releases: PendingReleases,
+}
+
+/// The parent kinds whose finalizers are still to be released (with the name of the
+/// plugin that is gone), shared by the registries a process runs one after another:
+/// with `--shards`, every change of buckets stops the registry and starts a new one,
+/// which resumes these releases for its own buckets.
+#[derive(Debug, Clone, Default)]
+pub struct PendingReleases(Arc<std::sync::Mutex<BTreeMap<ClaimKey, (KindRef, String)>>>);
+
+/// A kind claim: group and kind, whatever the version.
+type ClaimKey = (String, String);
+
+impl PendingReleases {
+    fn insert(&self, kind: &KindRef, plugin: &str) {
+        self.0
+            .lock()
+            .expect("pending releases lock")
+            .insert(claim_key(kind), (kind.clone(), plugin.to_string()));
+    }
+
+    fn remove(&self, kind: &KindRef) {
+        self.0
+            .lock()
+            .expect("pending releases lock")
+            .remove(&claim_key(kind));
+    }
+
+    fn all(&self) -> Vec<(KindRef, String)> {
+        let pending = self.0.lock().expect("pending releases lock");
+        pending.values().cloned().collect()
+    }
 }
 
 /// The plugins the host serves, by file.
@@ -150,14 +184,14 @@ pub struct PluginRegistry {
     /// Compiles a plugin file's bytes (the sandbox's, but for tests).
     load: Loader,
     /// Releases of the finalizers of kinds no plugin serves any more, by group and kind.
-    releases: HashMap<(String, String), JoinHandle<()>>,
+    releases: HashMap<ClaimKey, JoinHandle<()>>,
 }
 
 /// Compiles, links and describes a plugin from its bytes; `path` names them.
 type Loader = Arc<dyn Fn(&[u8], &Path) -> std::result::Result<Plugin, LoadError> + Send + Sync>;
 
 /// The key of a kind claim: group and kind, whatever the version.
-fn claim_key(kind: &KindRef) -> (String, String) {
+fn claim_key(kind: &KindRef) -> ClaimKey {
     (kind.group.clone(), kind.kind.clone())
 }
 
@@ -230,8 +264,19 @@ impl PluginRegistry {
         let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
         // Kept alive for the loop; without it, polling alone finds every change.
         let _watch = watch_dir(&self.opts.dir, changed);
+        let mut first = true;
         loop {
             let settling = self.scan().await;
+            if first {
+                // The plugins of the directory are loaded (a kind served again is no
+                // longer pending): resume what an earlier registry left undone.
+                for (kind, plugin) in self.opts.pending_releases.all() {
+                    if !self.releases.contains_key(&claim_key(&kind)) {
+                        self.start_release(&kind, &plugin);
+                    }
+                }
+                first = false;
+            }
             // Ready once every file of the directory was loaded (or refused), none left
             // to settle, and the caches of every loaded plugin's children hold their
             // first list: before that, reconciles wait. Files just written (by an init
@@ -259,8 +304,8 @@ impl PluginRegistry {
         self.shutdown().await;
     }
 
-    /// Stops every controller, and the releases of finalizers still under way (a new
-    /// registry for other buckets, or a new process, does not resume them).
+    /// Stops every controller, and the releases of finalizers still under way (they stay
+    /// in [`PendingReleases`], for the next registry of this process to resume).
     async fn shutdown(self) {
         for (_, release) in self.releases {
             release.abort();
@@ -474,26 +519,36 @@ impl PluginRegistry {
     /// any more (if it asked for them).
     fn release_finalizers(&mut self, plugin: &Plugin) {
         let info = plugin.info();
-        if !info.finalizer {
-            return;
+        if info.finalizer {
+            self.start_release(&info.parent, &info.name);
         }
+    }
+
+    /// Starts releasing the finalizers of `kind`, whose plugin `plugin` is gone; it stays
+    /// pending until done, or until a plugin serves the kind again.
+    fn start_release(&mut self, kind: &KindRef, plugin: &str) {
         let release = FinalizerRelease::new(
             self.client.clone(),
-            &info.parent,
-            &info.name,
+            kind,
+            plugin,
             &self.opts.controller,
             self.metrics.clone(),
         );
-        if let Some(previous) = self
-            .releases
-            .insert(claim_key(&info.parent), tokio::spawn(release.run()))
-        {
+        let pending = self.opts.pending_releases.clone();
+        pending.insert(kind, plugin);
+        let done = kind.clone();
+        let task = tokio::spawn(async move {
+            release.run().await;
+            pending.remove(&done);
+        });
+        if let Some(previous) = self.releases.insert(claim_key(kind), task) {
             previous.abort();
         }
     }
 
     /// Stops releasing the finalizers of `kind`: a plugin serves it again.
     fn cancel_release(&mut self, kind: &KindRef) {
+        self.opts.pending_releases.remove(kind);
         if let Some(release) = self.releases.remove(&claim_key(kind)) {
             release.abort();
             info!(%kind, "a plugin serves the kind again: its finalizers are no longer released");
@@ -671,6 +726,7 @@ mod tests {
                     shard: None,
                     force_release: ForceRelease::default(),
                 },
+                pending_releases: PendingReleases::default(),
             },
         )
     }
@@ -834,5 +890,58 @@ mod tests {
             Some(0)
         );
         registry.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_registry_resumes_the_releases_an_earlier_one_left_undone() {
+        let guard = json!({
+            "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "2",
+                         "finalizers": [super::super::reconcile::FINALIZER]},
+        });
+        let (client, calls) = fake_api::client(move |call: &fake_api::Call| {
+            match (&call.method, call.path.as_str()) {
+                (&http::Method::GET, "/apis/test.capstan.dev/v1/namespaces/ns/guards") => (
+                    200,
+                    json!({"apiVersion": "test.capstan.dev/v1", "kind": "GuardList",
+                           "metadata": {"resourceVersion": "2"}, "items": [guard.clone()]}),
+                ),
+                (&http::Method::PATCH, "/apis/test.capstan.dev/v1/namespaces/ns/guards/g") => {
+                    let mut written = guard.clone();
+                    written["metadata"]["finalizers"] = call.body["metadata"]["finalizers"].clone();
+                    (200, written)
+                }
+                _ => fake_api::status(404, "NotFound", "none"),
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let mut registry = registry(dir.path(), metrics.clone(), sandbox);
+        registry.client = client;
+        // What a registry stopped for a change of buckets left undone.
+        let guard_kind = KindRef {
+            group: "test.capstan.dev".into(),
+            version: "v1".into(),
+            kind: "Guard".into(),
+            plural: "guards".into(),
+            namespaced: true,
+        };
+        let pending = registry.opts.pending_releases.clone();
+        pending.insert(&guard_kind, "guard");
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let running = tokio::spawn(registry.run_until(stopped));
+        let until = Instant::now() + Duration::from_secs(30);
+        while !pending.all().is_empty() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(());
+        running.await.unwrap();
+        assert!(pending.all().is_empty(), "the release was resumed and done");
+        assert!(
+            calls.all().iter().any(|c| c.method == http::Method::PATCH
+                && c.body["metadata"]["finalizers"] == json!([])),
+            "the Guard's finalizer is released"
+        );
     }
 }
