@@ -194,7 +194,8 @@ fn in_shard(shard: Option<Buckets>, event: &watcher::Event<CachedParent>) -> boo
 }
 
 /// Reconcile on a new object, a new generation (spec change), the start of deletion or
-/// the force-release annotation; status-only changes do not pass, so status writes never trigger reconciles.
+/// the force-release annotation; status-only changes do not pass, so status writes
+/// never trigger reconciles.
 fn spec_or_deletion(obj: &CachedParent) -> Option<u64> {
     let obj = obj.meta();
     let mut h = DefaultHasher::new();
@@ -240,5 +241,25 @@ mod tests {
         }
         assert!(in_shard(Some(other), &watcher::Event::Init));
         assert!(in_shard(Some(other), &watcher::Event::InitDone));
+    }
+
+    #[test]
+    fn the_force_release_annotation_triggers_a_reconcile_other_annotations_do_not() {
+        let before = parent("5f362ddd");
+        let with = |key: &str| {
+            let mut o = before.to_dynamic(&ParentKind::new(ApiResource::erase::<
+                k8s_openapi::api::core::v1::ConfigMap,
+            >(&())));
+            o.metadata.annotations = Some([(key.to_string(), "true".to_string())].into());
+            CachedParent::new(o)
+        };
+        assert_eq!(
+            spec_or_deletion(&before),
+            spec_or_deletion(&with("example.com/note"))
+        );
+        assert_ne!(
+            spec_or_deletion(&before),
+            spec_or_deletion(&with(FORCE_RELEASE_ANNOTATION))
+        );
     }
 }
