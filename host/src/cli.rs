@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use capstan::operator::{
-    self, ControllerOptions, LeaderElectionOptions, OperatorOptions, RegistryOptions, ShardOptions,
-    WriteFence,
+    self, ControllerOptions, ForceRelease, LeaderElectionOptions, OperatorOptions, PendingReleases,
+    RegistryOptions, ShardOptions, WriteFence,
 };
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig, limits};
 use capstan::render;
@@ -134,6 +134,13 @@ struct RunArgs {
     /// How long the lease lasts without renewal, in seconds.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
+    /// Let parents of KIND (`Kind`, `plural`, `Kind.group` or `plural.group`) that are
+    /// being deleted go without calling `finalize`: the host's finalizer is removed and
+    /// the plugin's cleanup never runs. For a `finalize` that keeps failing, or a plugin
+    /// that is gone; one parent at a time: annotate it
+    /// `capstan.dev/force-release-finalizer=true`. Repeatable.
+    #[arg(long, value_name = "KIND")]
+    force_release_finalizers: Vec<String>,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
@@ -289,11 +296,13 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 dir: args.plugins,
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(50)),
                 install_crds: args.install_crds,
+                pending_releases: PendingReleases::default(),
                 controller: ControllerOptions {
                     namespace: args.namespace,
                     default_resync: Duration::from_secs(args.resync_seconds.max(1)),
                     concurrency,
                     shard: None,
+                    force_release: ForceRelease::kinds(args.force_release_finalizers),
                     fence: if args.leader_elect || args.shards {
                         WriteFence::for_leader_election()
                     } else {

@@ -17,15 +17,16 @@ use tokio::task::JoinHandle;
 
 use super::children::{ChildCaches, ControllerRef, KindCache, KindWatch};
 use super::cluster::{ChildKinds, ClusterWrites, api_resource};
+use super::finalizers::{FORCE_RELEASE_ANNOTATION, ForceRelease};
 use super::freshness::OwnWrites;
 use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use super::reconcile::{self, Context};
-use crate::shard::{Buckets, bucket_of};
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plugin::Plugin;
+use crate::shard::{Buckets, bucket_of};
 
 /// Options shared by every controller.
 #[derive(Debug, Clone)]
@@ -41,6 +42,9 @@ pub struct ControllerOptions {
     pub fence: WriteFence,
     /// With `--shards`: watch only the parents of these buckets, and their children.
     pub shard: Option<Buckets>,
+    /// Parents being deleted that lose the host's finalizer without `finalize`
+    /// (`--force-release-finalizers`, or annotated).
+    pub force_release: ForceRelease,
 }
 
 /// A running controller; stopping it aborts its task and lets go of its child kinds'
@@ -114,15 +118,18 @@ impl RunningController {
         let controller = Controller::for_stream_with(parents, reader, parent_kind.clone())
             .with_config(ControllerConfig::default().concurrency(opts.concurrency))
             .reconcile_on(triggers);
-        let ctx = Arc::new(Context::new(
-            plugin.clone(),
-            ClusterWrites::new(client.clone(), &info.parent, &info.name, opts.fence.clone()),
-            children,
-            kind_caches,
-            own_writes,
-            metrics,
-            opts.default_resync,
-        ));
+        let ctx = Arc::new(
+            Context::new(
+                plugin.clone(),
+                ClusterWrites::new(client.clone(), &info.parent, &info.name, opts.fence.clone()),
+                children,
+                kind_caches,
+                own_writes,
+                metrics,
+                opts.default_resync,
+            )
+            .with_force_release(opts.force_release.clone()),
+        );
         let name = info.name.clone();
         let task = tokio::spawn(async move {
             tracing::info!(plugin = %name, kind = %info.parent, "controller started");
@@ -190,14 +197,20 @@ fn in_shard(shard: Option<Buckets>, event: &watcher::Event<CachedParent>) -> boo
     buckets.contains(bucket_of(o.meta().uid.as_deref().unwrap_or_default()))
 }
 
-/// Reconcile on a new object, a new generation (spec change) or the start of deletion;
-/// status-only changes do not pass, so status writes never trigger reconciles.
+/// Reconcile on a new object, a new generation (spec change), the start of deletion or
+/// the force-release annotation; status-only changes do not pass, so status writes
+/// never trigger reconciles.
 fn spec_or_deletion(obj: &CachedParent) -> Option<u64> {
     let obj = obj.meta();
     let mut h = DefaultHasher::new();
     obj.uid.hash(&mut h);
     obj.generation.hash(&mut h);
     obj.deletion_timestamp.is_some().hash(&mut h);
+    // An administrator letting a parent being deleted go acts at once.
+    obj.annotations
+        .as_ref()
+        .and_then(|a| a.get(FORCE_RELEASE_ANNOTATION))
+        .hash(&mut h);
     Some(h.finish())
 }
 
@@ -232,5 +245,25 @@ mod tests {
         }
         assert!(in_shard(Some(other), &watcher::Event::Init));
         assert!(in_shard(Some(other), &watcher::Event::InitDone));
+    }
+
+    #[test]
+    fn the_force_release_annotation_triggers_a_reconcile_other_annotations_do_not() {
+        let before = parent("5f362ddd");
+        let with = |key: &str| {
+            let mut o = before.to_dynamic(&ParentKind::new(ApiResource::erase::<
+                k8s_openapi::api::core::v1::ConfigMap,
+            >(&())));
+            o.metadata.annotations = Some([(key.to_string(), "true".to_string())].into());
+            CachedParent::new(o)
+        };
+        assert_eq!(
+            spec_or_deletion(&before),
+            spec_or_deletion(&with("example.com/note"))
+        );
+        assert_ne!(
+            spec_or_deletion(&before),
+            spec_or_deletion(&with(FORCE_RELEASE_ANNOTATION))
+        );
     }
 }

@@ -87,6 +87,12 @@ struct WatchError {
     code: String,
 }
 
+/// Labels of a per-parent-kind series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
 /// Labels of the watch traffic series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WatchLabel {
@@ -106,6 +112,7 @@ pub struct Metrics {
     leader_gauge: Gauge,
     watch_bytes: Family<WatchLabel, Counter>,
     shard_buckets: Gauge,
+    orphaned_finalizers: Family<KindLabel, Gauge>,
     plugins: Mutex<BTreeMap<String, PluginState>>,
     ready: AtomicBool,
     /// Parts of the host that stopped and will not come back by themselves.
@@ -189,6 +196,14 @@ impl Default for Metrics {
             "Hash buckets (of 64) whose parents this replica serves (64 without --shards)",
             shard_buckets.clone(),
         );
+        let orphaned_finalizers = Family::<KindLabel, Gauge>::default();
+        registry.register(
+            "capstan_orphaned_finalizers",
+            "Parents (of this replica's buckets) that still hold capstan.dev/finalizer after \
+             their plugin was removed or moved to another kind; exact after a complete pass of \
+             the release, a lower bound while it is retried, 0 once every one was released",
+            orphaned_finalizers.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -201,6 +216,7 @@ impl Default for Metrics {
             leader_gauge,
             watch_bytes,
             shard_buckets,
+            orphaned_finalizers,
             plugins: Mutex::default(),
             ready: AtomicBool::new(false),
             failed: Mutex::default(),
@@ -332,6 +348,31 @@ impl Metrics {
     /// Records how many hash buckets this replica serves.
     pub fn set_shard_buckets(&self, buckets: u32) {
         self.shard_buckets.set(i64::from(buckets));
+    }
+
+    /// Records how many parents of `kind` still hold the host's finalizer for a plugin
+    /// that is gone.
+    pub fn set_orphaned_finalizers(&self, kind: &str, held: i64) {
+        self.orphaned_finalizers
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .set(held);
+    }
+
+    /// Drops the series of `kind`: a plugin serves it again.
+    pub fn clear_orphaned_finalizers(&self, kind: &str) {
+        self.orphaned_finalizers
+            .remove(&KindLabel { kind: kind.into() });
+    }
+
+    /// The last count of [`Metrics::set_orphaned_finalizers`] for `kind`, if any.
+    pub fn orphaned_finalizers(&self, kind: &str) -> Option<i64> {
+        let label = KindLabel { kind: kind.into() };
+        // `get_or_create` would add a series: look at the rendered text instead.
+        let text = self.render();
+        let line = format!("capstan_orphaned_finalizers{{kind=\"{}\"}} ", label.kind);
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.parse().ok())
     }
 
     /// The OpenMetrics text exposition.

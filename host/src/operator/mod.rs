@@ -7,6 +7,7 @@ mod controller;
 #[cfg(test)]
 mod fake_api;
 mod fenced_client;
+mod finalizers;
 mod freshness;
 mod http;
 mod leader;
@@ -28,15 +29,16 @@ use kube::Client;
 
 pub use controller::ControllerOptions;
 pub use fenced_client::{FenceLayer, FenceShut, Fenced, fenced_client};
+pub use finalizers::{FORCE_RELEASE_ANNOTATION, ForceRelease};
 pub use leader::{Deposed, LeaderElectionOptions, LeaseLock, WriteFence};
 pub use membership::ShardOptions;
 pub use metrics::{Metrics, PluginState};
 pub use reconcile::FINALIZER;
-pub use registry::{PluginRegistry, RegistryOptions};
+pub use registry::{PendingReleases, PluginRegistry, RegistryOptions};
 
 use crate::plugin::Sandbox;
-use membership::{Membership, after_renewal, before_renewal};
 use crate::shard::{self, Buckets};
+use membership::{Membership, after_renewal, before_renewal};
 
 /// Everything `capstan run` needs.
 #[derive(Debug, Clone)]

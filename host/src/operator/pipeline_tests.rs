@@ -628,6 +628,7 @@ async fn a_child_kind_is_watched_while_a_running_plugin_declares_it() {
         concurrency: 1,
         fence: WriteFence::default(),
         shard: None,
+        force_release: Default::default(),
     };
     let (_widget_sandbox, widget) = load("widget"); // ConfigMap, Service
     let (_guard_sandbox, guard) = load("guard"); // ConfigMap

@@ -15,6 +15,7 @@ use super::children::{Cached, Key, KindCache};
 use super::cluster::{
     self, ChildKinds, ChildOutcome, ClusterWrites, ErrorClass, OwnershipConflict,
 };
+use super::finalizers::ForceRelease;
 use super::freshness::{AppliedChildren, CacheState, Expectations, OwnWrites, Written};
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
@@ -50,6 +51,8 @@ pub struct Context {
     pub default_resync: Duration,
     /// Consecutive failures per parent UID, with the time of the last one, for backoff.
     failures: Mutex<HashMap<String, (u32, Instant)>>,
+    /// Parents being deleted that an administrator lets go without `finalize`.
+    force_release: ForceRelease,
 }
 
 impl Context {
@@ -76,7 +79,15 @@ impl Context {
             metrics,
             default_resync,
             failures: Mutex::new(HashMap::new()),
+            force_release: ForceRelease::default(),
         }
+    }
+
+    /// The same context, letting go the parents `force` names without `finalize`
+    /// (parents annotated for it are let go in any case).
+    pub fn with_force_release(mut self, force: ForceRelease) -> Self {
+        self.force_release = force;
+        self
     }
 
     /// The resync period, spread by ±10 % per parent and time, so that parents created
@@ -166,6 +177,11 @@ pub enum Failure {
     /// The plugin said the spec is invalid: wait for a new generation.
     #[error("{0}")]
     InvalidSpec(String),
+    /// `finalize` of a parent being deleted failed (the plugin said invalid or retry, or
+    /// could not be called to the end). Nothing else would ever wake the parent up
+    /// (its spec cannot change any more), so it is retried with backoff.
+    #[error("finalize failed: {0}")]
+    FinalizeFailed(String),
     /// The plugin asked for a retry.
     #[error("{0}")]
     Retry(String),
@@ -204,6 +220,7 @@ impl Failure {
     pub fn reason(&self) -> &'static str {
         match self {
             Failure::InvalidSpec(_) => "InvalidSpec",
+            Failure::FinalizeFailed(_) => "FinalizeFailed",
             Failure::Retry(_) => "RetryRequested",
             Failure::Plugin(_) => "PluginFailed",
             Failure::InvalidOutput(_) => "InvalidPluginOutput",
@@ -219,7 +236,9 @@ impl Failure {
     fn reaction(&self) -> Reaction {
         match self {
             Failure::InvalidSpec(_) | Failure::InvalidOutput(_) => Reaction::ReportAndWait,
-            Failure::Retry(_) | Failure::Plugin(_) => Reaction::ReportAndBackoff,
+            Failure::Retry(_) | Failure::Plugin(_) | Failure::FinalizeFailed(_) => {
+                Reaction::ReportAndBackoff
+            }
             Failure::CacheNotSynced(_) => Reaction::Backoff,
             Failure::Api(e) => match e.class() {
                 ErrorClass::Permanent => Reaction::ReportAndResync,
@@ -358,6 +377,9 @@ async fn reconcile_parent(
     if obj.metadata.deletion_timestamp.is_some() {
         ctx.expectations.forget(uid);
         ctx.own_writes.forget(uid);
+        if has_finalizer && ctx.force_release.applies(&info.parent, obj) {
+            return force_release(obj, ctx).await.map(Reconciled::Done);
+        }
         if info.finalizer && has_finalizer {
             return finalize(obj, parent, ctx).await.map(Reconciled::Done);
         }
@@ -589,7 +611,11 @@ async fn finalize(obj: &DynamicObject, parent: &Value, ctx: &Context) -> Result<
         parent: parent.clone(),
         children: ctx.observed_children(obj)?,
     };
-    let result = ctx.plugin.finalize_async(&observed).await??;
+    let result = match ctx.plugin.finalize_async(&observed).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => return Err(Failure::FinalizeFailed(e.to_string())),
+        Err(e) => return Err(Failure::FinalizeFailed(e.to_string())),
+    };
     for event in &result.events {
         ctx.cluster.publish(obj, event).await;
     }
@@ -603,21 +629,34 @@ async fn finalize(obj: &DynamicObject, parent: &Value, ctx: &Context) -> Result<
     }
 }
 
+/// Removes the host's finalizer from a parent being deleted without calling
+/// `finalize`, because an administrator said so ([`ForceRelease`]); says so in a
+/// Warning event.
+async fn force_release(obj: &DynamicObject, ctx: &Context) -> Result<Action, Failure> {
+    ctx.cluster.remove_finalizer(obj, FINALIZER).await?;
+    warn!("{FINALIZER} removed without finalize: force release");
+    let event = plan::warning(
+        "FinalizerForceReleased",
+        format!("{FINALIZER} removed without finalize: an administrator let this object go"),
+    );
+    ctx.cluster.publish(obj, &event).await;
+    Ok(Action::await_change())
+}
+
 /// Puts a failure on the parent: `Ready=False` with the reason, written as conditions
 /// only (the plugin's status fields are not touched), and a Warning event. Best effort:
-/// a failure to report is logged.
+/// a failure to report is logged. A parent being deleted gets them too: it is how a
+/// `finalize` that keeps failing shows on it.
 async fn report_failure(obj: &DynamicObject, parent: &Value, ctx: &Context, failure: &Failure) {
-    if obj.metadata.deletion_timestamp.is_none() {
-        let conditions =
-            plan::failed_conditions(parent, failure.reason(), &failure.to_string(), &plan::now());
-        if obj.data.pointer("/status/conditions") != Some(&conditions) {
-            match ctx.cluster.write_conditions(obj, &conditions).await {
-                Ok(written) => {
-                    ctx.own_writes.remember(written);
-                    ctx.metrics.status_written(&ctx.plugin.info().name);
-                }
-                Err(e) => warn!("cannot write the failure to the status: {e}"),
+    let conditions =
+        plan::failed_conditions(parent, failure.reason(), &failure.to_string(), &plan::now());
+    if obj.data.pointer("/status/conditions") != Some(&conditions) {
+        match ctx.cluster.write_conditions(obj, &conditions).await {
+            Ok(written) => {
+                ctx.own_writes.remember(written);
+                ctx.metrics.status_written(&ctx.plugin.info().name);
             }
+            Err(e) => warn!("cannot write the failure to the status: {e}"),
         }
     }
     let event = plan::warning(failure.reason(), failure.to_string());
@@ -694,5 +733,149 @@ mod tests {
             Failure::Retry("x".into()).reaction(),
             Reaction::ReportAndBackoff
         );
+        // A parent being deleted has no spec change to wait for.
+        let finalize = Failure::FinalizeFailed("invalid spec: no".into());
+        assert_eq!(finalize.reaction(), Reaction::ReportAndBackoff);
+        assert_eq!(finalize.reason(), "FinalizeFailed");
+    }
+}
+
+/// The finalize path against a fake API server, with the `guard` test plugin.
+#[cfg(test)]
+mod finalize_tests {
+    use http::Method;
+    use serde_json::json;
+
+    use super::super::children::{ChildCaches, KindWatch};
+    use super::super::fake_api::{self, Call};
+    use super::super::leader::WriteFence;
+    use super::*;
+    use crate::plugin::{Sandbox, SandboxConfig};
+
+    /// A server with no ConfigMaps that accepts status writes and events.
+    fn server(call: &Call) -> (u16, Value) {
+        match call.method {
+            Method::GET if call.path.ends_with("/configmaps") => (
+                200,
+                json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                       "metadata": {"resourceVersion": "1"}, "items": []}),
+            ),
+            Method::PATCH => (
+                200,
+                json!({
+                    "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
+                    "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "3"},
+                }),
+            ),
+            Method::POST if call.path.contains("/events") => (201, call.body.clone()),
+            _ => fake_api::status(404, "NotFound", "not here"),
+        }
+    }
+
+    /// The context of the guard plugin, and the caches it reads (their watches stop
+    /// when they are dropped).
+    async fn context(client: kube::Client) -> (Arc<Context>, ChildCaches, Vec<KindWatch>) {
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let path = capstan_e2e::operator::test_plugin("guard");
+        let plugin = tokio::task::spawn_blocking(move || sandbox.load_file_blocking(&path))
+            .await
+            .unwrap()
+            .unwrap();
+        let info = plugin.info().clone();
+        let metrics = Arc::new(Metrics::default());
+        let caches = ChildCaches::new(client.clone(), Some("ns".into()), None, metrics.clone());
+        let watches: Vec<KindWatch> = info.children.iter().map(|k| caches.watch(k)).collect();
+        let kind_caches = watches.iter().map(|w| w.cache().clone()).collect();
+        let ctx = Context::new(
+            plugin,
+            ClusterWrites::new(client, &info.parent, &info.name, WriteFence::default()),
+            ChildKinds::new(&info.children),
+            kind_caches,
+            Arc::new(OwnWrites::default()),
+            metrics,
+            Duration::from_secs(300),
+        );
+        (Arc::new(ctx), caches, watches)
+    }
+
+    fn deleting_guard(spec: Value, annotations: Value) -> Arc<CachedParent> {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "2",
+                         "generation": 1, "finalizers": [FINALIZER],
+                         "deletionTimestamp": "2026-12-04T00:00:00Z", "annotations": annotations},
+            "spec": spec,
+        }))
+        .unwrap();
+        Arc::new(CachedParent::new(obj))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_finalize_that_says_invalid_is_reported_and_retried_with_backoff() {
+        let (client, calls) = fake_api::client(server);
+        let (ctx, _caches, _watches) = context(client).await;
+        let parent = deleting_guard(json!({"refuse": "the backup bucket is gone"}), json!({}));
+        let action = reconcile(parent, ctx).await.unwrap();
+        assert_ne!(
+            action,
+            Action::await_change(),
+            "a deletion has no spec change to wait for"
+        );
+        let calls = calls.all();
+        let status = calls
+            .iter()
+            .find(|c| c.method == Method::PATCH && c.path.ends_with("/guards/g/status"))
+            .expect("the failure is written on the parent");
+        let ready = status.body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()
+            .clone();
+        assert_eq!(ready["status"], "False");
+        assert_eq!(ready["reason"], "FinalizeFailed");
+        assert!(
+            ready["message"]
+                .as_str()
+                .unwrap()
+                .contains("the backup bucket is gone"),
+            "the plugin's message: {ready}"
+        );
+        let event = calls
+            .iter()
+            .find(|c| c.path.contains("/events"))
+            .expect("an event");
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reason"], "FinalizeFailed");
+        assert!(
+            !calls
+                .iter()
+                .any(|c| c.method == Method::PATCH && c.path.ends_with("/guards/g")),
+            "the finalizer stays"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_annotated_parent_is_let_go_without_finalize() {
+        let (client, calls) = fake_api::client(server);
+        let (ctx, _caches, _watches) = context(client).await;
+        let parent = deleting_guard(
+            json!({"refuse": "the backup bucket is gone"}),
+            json!({super::super::finalizers::FORCE_RELEASE_ANNOTATION: "true"}),
+        );
+        reconcile(parent, ctx).await.unwrap();
+        let calls = calls.all();
+        let release = calls
+            .iter()
+            .find(|c| c.method == Method::PATCH && c.path.ends_with("/guards/g"))
+            .expect("the finalizer is removed");
+        assert_eq!(release.body["metadata"]["finalizers"], json!([]));
+        let reasons: Vec<&str> = calls
+            .iter()
+            .filter(|c| c.path.contains("/events"))
+            .filter_map(|c| c.body["reason"].as_str())
+            .collect();
+        assert_eq!(reasons, ["FinalizerForceReleased"], "finalize never ran");
     }
 }

@@ -9,25 +9,120 @@
 //! per file. A file is re-read only when its size or modification time changes, and
 //! reloaded only when its sha256 does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::ResourceExt;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
 use super::children::ChildCaches;
-use super::cluster::ClusterWrites;
 use super::controller::{ControllerOptions, RunningController};
-use super::leader::WriteFence;
+use super::finalizers::{FinalizerRelease, kind_label};
 use super::metrics::{Metrics, PluginState};
-use super::reconcile::FINALIZER;
+use crate::contract::KindRef;
 use crate::plan::HOST_FIELD_MANAGER;
-use crate::plugin::{Plugin, Sandbox, limits, sha256_hex};
+use crate::plugin::{LoadError, Plugin, Sandbox, limits, sha256_hex};
+
+/// Why the registry could not load a plugin file, or read its directory.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The plugin directory could not be listed.
+    #[error("cannot read the plugin directory {}: {source}", dir.display())]
+    ReadDir {
+        /// The directory.
+        dir: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The blocking task that lists the directory did not complete (it panicked).
+    #[error("the scan of the plugin directory did not complete: {0}")]
+    ScanAborted(#[source] tokio::task::JoinError),
+    /// A plugin file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a plugin this host can load (not a component, another contract,
+    /// does not compile or describe itself).
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The blocking task that compiles the file did not complete (it panicked).
+    #[error("loading {} did not complete: {source}", path.display())]
+    LoadAborted {
+        /// The file.
+        path: PathBuf,
+        /// Why the task ended.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// Another file's plugin already reconciles the same parent kind.
+    #[error("{} and {} both reconcile {kind}: keeping {}, refusing {}", kept.display(), refused.display(), kept.display(), refused.display())]
+    KindClaimed {
+        /// The file that keeps the kind.
+        kept: PathBuf,
+        /// The file refused.
+        refused: PathBuf,
+        /// The kind.
+        kind: String,
+    },
+    /// `--install-crds` is on and the plugin ships no CRD.
+    #[error("plugin {plugin} ships no CRD")]
+    NoCrd {
+        /// The plugin.
+        plugin: String,
+    },
+    /// The CRD the plugin ships is not JSON.
+    #[error("the CRD of plugin {plugin} is not JSON: {source}")]
+    CrdJson {
+        /// The plugin.
+        plugin: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The API server refused or failed the CRD's apply.
+    #[error("cannot apply CRD {name}: {source}")]
+    CrdApply {
+        /// The CRD's name.
+        name: String,
+        /// kube's error, with the status code when the server answered.
+        #[source]
+        source: kube::Error,
+    },
+    /// Waiting for the CRD to be established failed.
+    #[error("cannot wait for CRD {name}: {source}")]
+    CrdWait {
+        /// The CRD's name.
+        name: String,
+        /// What went wrong.
+        #[source]
+        source: kube::runtime::wait::Error,
+    },
+    /// The CRD was applied but not established in time.
+    #[error("CRD {name} not established after {timeout:?}")]
+    CrdNotEstablished {
+        /// The CRD's name.
+        name: String,
+        /// How long the host waited.
+        timeout: Duration,
+    },
+}
+
+/// Result of the registry's operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Options of the registry.
 #[derive(Debug, Clone)]
@@ -40,17 +135,66 @@ pub struct RegistryOptions {
     pub install_crds: bool,
     /// Options for every controller.
     pub controller: ControllerOptions,
+    /// The releases of finalizers still to do, shared by the registries the process
+    /// runs one after another (see [`PendingReleases`]).
+    pub pending_releases: PendingReleases,
+}
+
+/// The parent kinds whose finalizers are still to be released (with the name of the
+/// plugin that is gone), shared by the registries a process runs one after another:
+/// with `--shards`, every change of buckets stops the registry and starts a new one,
+/// which resumes these releases for its own buckets.
+#[derive(Debug, Clone, Default)]
+pub struct PendingReleases(Arc<std::sync::Mutex<BTreeMap<ClaimKey, (KindRef, String)>>>);
+
+/// A kind claim: group and kind, whatever the version.
+type ClaimKey = (String, String);
+
+impl PendingReleases {
+    fn insert(&self, kind: &KindRef, plugin: &str) {
+        self.0
+            .lock()
+            .expect("pending releases lock")
+            .insert(claim_key(kind), (kind.clone(), plugin.to_string()));
+    }
+
+    fn remove(&self, kind: &KindRef) {
+        self.0
+            .lock()
+            .expect("pending releases lock")
+            .remove(&claim_key(kind));
+    }
+
+    fn all(&self) -> Vec<(KindRef, String)> {
+        let pending = self.0.lock().expect("pending releases lock");
+        pending.values().cloned().collect()
+    }
 }
 
 /// The plugins the host serves, by file.
 pub struct PluginRegistry {
     client: Client,
-    sandbox: Sandbox,
     metrics: Arc<Metrics>,
     opts: RegistryOptions,
     files: BTreeMap<PathBuf, FileState>,
     /// The child caches, shared by every plugin's controller.
     caches: ChildCaches,
+    /// How many files compile at once: one per core (compiling is CPU bound).
+    compiles: Arc<Semaphore>,
+    /// Compiles a plugin file's bytes (the sandbox's, but for tests).
+    load: Loader,
+    /// The sandbox, whose configuration a plugin's limits file completes.
+    sandbox: Sandbox,
+    /// Releases of the finalizers of kinds no plugin serves any more, by group and kind.
+    releases: HashMap<ClaimKey, JoinHandle<()>>,
+}
+
+/// Compiles, links and describes a plugin from its bytes; `path` names them.
+type Loader = Arc<dyn Fn(&[u8], &Path) -> std::result::Result<Plugin, LoadError> + Send + Sync>;
+
+/// The key of a kind claim: group and kind, whatever the version.
+fn claim_key(kind: &KindRef) -> ClaimKey {
+    (kind.group.clone(), kind.kind.clone())
 }
 
 /// A file whose modification time is younger than this may still be being written: it
@@ -100,11 +244,26 @@ impl PluginRegistry {
                 metrics.clone(),
             ),
             client,
+            load: {
+                let sandbox = sandbox.clone();
+                Arc::new(move |bytes: &[u8], path: &Path| sandbox.load_bytes_blocking(bytes, path))
+            },
             sandbox,
             metrics,
             opts,
             files: BTreeMap::new(),
+            compiles: Arc::new(Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+            )),
+            releases: HashMap::new(),
         }
+    }
+
+    /// The same registry, compiling with `load` instead of the sandbox.
+    #[cfg(test)]
+    fn with_loader(mut self, load: Loader) -> Self {
+        self.load = load;
+        self
     }
 
     /// Scans the directory now and at every poll interval until `stop` fires, then
@@ -113,8 +272,19 @@ impl PluginRegistry {
         let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
         // Kept alive for the loop; without it, polling alone finds every change.
         let _watch = watch_dir(&self.opts.dir, changed);
+        let mut first = true;
         loop {
             let settling = self.scan().await;
+            if first {
+                // The plugins of the directory are loaded (a kind served again is no
+                // longer pending): resume what an earlier registry left undone.
+                for (kind, plugin) in self.opts.pending_releases.all() {
+                    if !self.releases.contains_key(&claim_key(&kind)) {
+                        self.start_release(&kind, &plugin);
+                    }
+                }
+                first = false;
+            }
             // Ready once every file of the directory was loaded (or refused), none left
             // to settle, and the caches of every loaded plugin's children hold their
             // first list: before that, reconciles wait. Files just written (by an init
@@ -142,8 +312,12 @@ impl PluginRegistry {
         self.shutdown().await;
     }
 
-    /// Stops every controller.
+    /// Stops every controller, and the releases of finalizers still under way (they stay
+    /// in [`PendingReleases`], for the next registry of this process to resume).
     async fn shutdown(self) {
+        for (_, release) in self.releases {
+            release.abort();
+        }
         for (_, state) in self.files {
             if let Some((_, controller)) = state.serving {
                 controller.stop().await;
@@ -168,10 +342,11 @@ impl PluginRegistry {
                 );
             }
         }
-        let present = match wasm_files(&self.opts.dir) {
+        self.releases.retain(|_, release| !release.is_finished());
+        let present = match wasm_files(self.opts.dir.clone()).await {
             Ok(files) => files,
             Err(e) => {
-                warn!(dir = %self.opts.dir.display(), "cannot read the plugin directory: {e}");
+                warn!("{e}");
                 return false;
             }
         };
@@ -195,27 +370,18 @@ impl PluginRegistry {
             {
                 controller.stop().await;
                 info!(file = %path.display(), plugin = %plugin.info().name, "plugin file removed: controller stopped, its resources left alone");
-                if plugin.info().finalizer {
-                    let client = self.client.clone();
-                    let namespace = self.opts.controller.namespace.clone();
-                    let fence = self.opts.controller.fence.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = release_finalizers(client, &plugin, namespace, fence).await
-                        {
-                            warn!(plugin = %plugin.info().name, "cannot release the finalizers of a removed plugin: {e}");
-                        }
-                    });
-                }
+                self.release_finalizers(&plugin);
             }
             self.metrics.remove_plugin(&path.display().to_string());
         }
         let mut settling = false;
+        let mut due = Vec::new();
         for (path, stamp) in present {
             self.refresh_limits(&path);
             let state = self.files.entry(path.clone()).or_default();
             if state.stamp == Some(stamp) {
                 if state.retry.is_some_and(|(at, _)| at <= Instant::now()) {
-                    self.consider(&path).await;
+                    due.push(path);
                 }
                 continue;
             }
@@ -228,54 +394,97 @@ impl PluginRegistry {
             }
             state.settling = None;
             state.stamp = Some(stamp);
-            self.consider(&path).await;
+            due.push(path);
         }
+        self.load_all(due).await;
         settling
     }
 
-    /// Loads a new or changed file and, if it is good, swaps it in.
-    async fn consider(&mut self, path: &Path) {
+    /// Loads new or changed files, compiling them in parallel (one per core) and
+    /// starting each as soon as it is ready: a slow compile (a Python plugin takes tens
+    /// of seconds) delays no other plugin. Claims stay decided by file name: a file
+    /// that finishes compiling after a later-named one of the same kind, started in
+    /// this same pass, takes the kind from it.
+    async fn load_all(&mut self, due: Vec<PathBuf>) {
+        let mut compiling = FuturesUnordered::new();
+        for path in due {
+            if let Some(bytes) = self.read_if_new(&path).await {
+                let (load, compiles) = (self.load.clone(), self.compiles.clone());
+                let task = tokio::spawn(async move {
+                    let _permit = compiles.acquire_owned().await;
+                    let file = path.clone();
+                    let loaded = tokio::task::spawn_blocking(move || load(&bytes, &file))
+                        .await
+                        .map_err(|source| Error::LoadAborted {
+                            path: path.clone(),
+                            source,
+                        })
+                        .and_then(|loaded| loaded.map_err(Error::from));
+                    (path, loaded)
+                });
+                compiling.push(task);
+            }
+        }
+        let mut started = BTreeSet::new();
+        while let Some(done) = compiling.next().await {
+            match done {
+                Ok((path, Ok(plugin))) => self.serve(&path, plugin, &mut started).await,
+                Ok((path, Err(e))) => self.failed(&path, e.to_string()),
+                // Only a panic of the task itself, which holds no path.
+                Err(e) => error!("a plugin load task did not complete: {e}"),
+            }
+        }
+    }
+
+    /// The bytes of `path` if they are worth loading: new bytes, or the same bytes
+    /// whose retry is due.
+    async fn read_if_new(&mut self, path: &Path) -> Option<Vec<u8>> {
         let bytes = match tokio::fs::read(path).await {
             Ok(b) => b,
-            Err(e) => return self.failed(path, format!("cannot read {}: {e}", path.display())),
+            Err(source) => {
+                let e = Error::ReadFile {
+                    path: path.to_path_buf(),
+                    source,
+                };
+                self.failed(path, e.to_string());
+                return None;
+            }
         };
         let sha = sha256_hex(&bytes);
         let state = self.files.get_mut(path).expect("state exists");
         let retry_due = state.retry.is_some_and(|(at, _)| at <= Instant::now());
         if state.tried_sha.as_deref() == Some(sha.as_str()) && !retry_due {
-            return;
+            return None;
         }
         if state.tried_sha.as_deref() != Some(sha.as_str()) {
             state.retry = None;
         }
         state.tried_sha = Some(sha);
-        let sandbox = self.sandbox.clone();
-        let owned_path = path.to_path_buf();
-        let loaded =
-            tokio::task::spawn_blocking(move || sandbox.load_bytes_blocking(&bytes, &owned_path))
-                .await;
-        let plugin = match loaded {
-            Ok(Ok(plugin)) => plugin,
-            Ok(Err(e)) => return self.failed(path, e.to_string()),
-            Err(e) => {
-                return self.failed(
-                    path,
-                    format!("loading {} did not complete: {e}", path.display()),
-                );
-            }
-        };
+        Some(bytes)
+    }
+
+    /// Swaps a plugin that loaded in for its file, if its kind is free (or held by a
+    /// later-named file `started` in this pass) and its CRD installs.
+    async fn serve(&mut self, path: &Path, plugin: Plugin, started: &mut BTreeSet<PathBuf>) {
         if let Some(other) = self.claimant(&plugin, path) {
-            return self.failed_for_now(
-                path,
-                format!(
-                    "{} and {} both reconcile {}: keeping {}, refusing {}",
-                    other.display(),
-                    path.display(),
-                    plugin.info().parent,
-                    other.display(),
-                    path.display()
-                ),
-            );
+            let claimed = |kept: &Path, refused: &Path| Error::KindClaimed {
+                kept: kept.to_path_buf(),
+                refused: refused.to_path_buf(),
+                kind: plugin.info().parent.to_string(),
+            };
+            if !(started.contains(&other) && path < other.as_path()) {
+                return self.failed_for_now(path, claimed(&other, path).to_string());
+            }
+            // The later-named file only won by compiling first.
+            if let Some((_, controller)) = self
+                .files
+                .get_mut(&other)
+                .and_then(|state| state.serving.take())
+            {
+                controller.stop().await;
+            }
+            started.remove(&other);
+            self.failed_for_now(&other, claimed(path, &other).to_string());
         }
         if self.opts.install_crds
             && let Err(e) = install_crd(&self.client, &plugin).await
@@ -290,10 +499,17 @@ impl PluginRegistry {
             .as_ref()
             .map(|(p, _)| p.limits_file());
         let limits_error = self.apply_limits(path, &plugin, previous.unwrap_or_default());
+        self.cancel_release(&plugin.info().parent);
         let state = self.files.get_mut(path).expect("state exists");
-        if let Some((old, controller)) = state.serving.take() {
+        let replaced = state.serving.take();
+        if let Some((old, controller)) = replaced {
             controller.stop().await;
             info!(file = %path.display(), old = %old.sha256(), new = %plugin.sha256(), "plugin replaced");
+            if claim_key(&old.info().parent) != claim_key(&plugin.info().parent) {
+                // The old kind lost its plugin as surely as if the file were removed.
+                info!(file = %path.display(), old = %old.info().parent, new = %plugin.info().parent, "the new version reconciles another kind");
+                self.release_finalizers(&old);
+            }
         } else {
             info!(file = %path.display(), plugin = %plugin.info().name, kind = %plugin.info().parent, "plugin loaded");
         }
@@ -304,11 +520,54 @@ impl PluginRegistry {
             &self.caches,
             &self.opts.controller,
         );
+        let state = self.files.get_mut(path).expect("state exists");
         state.error = limits_error.clone();
         state.retry = None;
         self.metrics
             .set_plugin(PluginState::of(path, Some(&plugin), limits_error));
         state.serving = Some((plugin, controller));
+        started.insert(path.to_path_buf());
+    }
+
+    /// Starts releasing the finalizers of `plugin`'s parent kind, which no plugin serves
+    /// any more (if it asked for them).
+    fn release_finalizers(&mut self, plugin: &Plugin) {
+        let info = plugin.info();
+        if info.finalizer {
+            self.start_release(&info.parent, &info.name);
+        }
+    }
+
+    /// Starts releasing the finalizers of `kind`, whose plugin `plugin` is gone; it stays
+    /// pending until done, or until a plugin serves the kind again.
+    fn start_release(&mut self, kind: &KindRef, plugin: &str) {
+        let release = FinalizerRelease::new(
+            self.client.clone(),
+            kind,
+            plugin,
+            &self.opts.controller,
+            self.metrics.clone(),
+        );
+        let pending = self.opts.pending_releases.clone();
+        pending.insert(kind, plugin);
+        let done = kind.clone();
+        let task = tokio::spawn(async move {
+            release.run().await;
+            pending.remove(&done);
+        });
+        if let Some(previous) = self.releases.insert(claim_key(kind), task) {
+            previous.abort();
+        }
+    }
+
+    /// Stops releasing the finalizers of `kind`: a plugin serves it again.
+    fn cancel_release(&mut self, kind: &KindRef) {
+        self.opts.pending_releases.remove(kind);
+        if let Some(release) = self.releases.remove(&claim_key(kind)) {
+            release.abort();
+            info!(%kind, "a plugin serves the kind again: its finalizers are no longer released");
+        }
+        self.metrics.clear_orphaned_finalizers(&kind_label(kind));
     }
 
     /// Hands the serving version of `path` its limits file again when that file was
@@ -433,8 +692,17 @@ fn file_stamp(path: &Path) -> Option<(u64, SystemTime)> {
 }
 
 /// `*.wasm` files in `dir` with their (size, mtime), sorted by name so that the first
-/// file claiming a kind wins deterministically.
-fn wasm_files(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime)>> {
+/// file claiming a kind wins deterministically. The directory is read on a blocking
+/// thread: a slow volume must not hold a runtime worker.
+async fn wasm_files(dir: PathBuf) -> Result<BTreeMap<PathBuf, (u64, SystemTime)>> {
+    tokio::task::spawn_blocking(move || {
+        wasm_files_blocking(&dir).map_err(|source| Error::ReadDir { dir, source })
+    })
+    .await
+    .map_err(Error::ScanAborted)?
+}
+
+fn wasm_files_blocking(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime)>> {
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
@@ -452,54 +720,21 @@ fn wasm_files(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime)
     Ok(out)
 }
 
-/// A removed plugin can no longer finalize anything, so the host's finalizer must not
-/// outlive it: it is removed from every parent of the plugin's kind that is not being
-/// deleted (loading the plugin again puts it back). Parents already being deleted keep
-/// it, since their cleanup has not run: they get a Warning event saying how to let them
-/// go (load the plugin again, or remove the finalizer by hand).
-async fn release_finalizers(
-    client: Client,
-    plugin: &Plugin,
-    namespace: Option<String>,
-    fence: WriteFence,
-) -> anyhow::Result<()> {
-    let info = plugin.info();
-    let ar = super::cluster::api_resource(&info.parent);
-    let api: Api<DynamicObject> = match (&namespace, info.parent.namespaced) {
-        (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
-        _ => Api::all_with(client.clone(), &ar),
-    };
-    let writes = ClusterWrites::new(client, &info.parent, &info.name, fence);
-    let parents = api.list(&ListParams::default()).await?;
-    let (mut released, mut pending) = (0, 0);
-    for parent in parents.items {
-        if !parent.finalizers().iter().any(|f| f == FINALIZER) {
-            continue;
-        }
-        if parent.metadata.deletion_timestamp.is_some() {
-            pending += 1;
-            let message = format!(
-                "plugin {} was removed before this object was finalized; it stays until the plugin is loaded again, or until {FINALIZER} is removed from metadata.finalizers by hand (its cleanup then never runs)",
-                info.name
-            );
-            writes
-                .publish(&parent, &crate::plan::warning("FinalizerPending", message))
-                .await;
-        } else {
-            writes.remove_finalizer(&parent, FINALIZER).await?;
-            released += 1;
-        }
-    }
-    info!(plugin = %info.name, released, pending, "finalizers of a removed plugin released");
-    Ok(())
-}
+/// How long the host waits for an installed CRD to be served.
+const CRD_ESTABLISHED: Duration = Duration::from_secs(30);
 
 /// Applies the plugin's CRD and waits until the API server serves it.
-async fn install_crd(client: &Client, plugin: &Plugin) -> anyhow::Result<()> {
-    let Some(crd) = &plugin.info().crd else {
-        anyhow::bail!("plugin {} ships no CRD", plugin.info().name);
+async fn install_crd(client: &Client, plugin: &Plugin) -> Result<()> {
+    let info = plugin.info();
+    let Some(crd) = &info.crd else {
+        return Err(Error::NoCrd {
+            plugin: info.name.clone(),
+        });
     };
-    let crd: serde_json::Value = serde_json::from_str(crd)?;
+    let crd: serde_json::Value = serde_json::from_str(crd).map_err(|source| Error::CrdJson {
+        plugin: info.name.clone(),
+        source,
+    })?;
     let name = crd
         .pointer("/metadata/name")
         .and_then(|v| v.as_str())
@@ -511,15 +746,277 @@ async fn install_crd(client: &Client, plugin: &Plugin) -> anyhow::Result<()> {
         &PatchParams::apply(HOST_FIELD_MANAGER).force(),
         &Patch::Apply(&crd),
     )
-    .await?;
+    .await
+    .map_err(|source| Error::CrdApply {
+        name: name.clone(),
+        source,
+    })?;
     let established = kube::runtime::wait::await_condition(
         api,
         &name,
         kube::runtime::wait::conditions::is_crd_established(),
     );
-    tokio::time::timeout(Duration::from_secs(30), established)
-        .await
-        .map_err(|_| anyhow::anyhow!("CRD {name} not established after 30s"))??;
+    match tokio::time::timeout(CRD_ESTABLISHED, established).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(source)) => return Err(Error::CrdWait { name, source }),
+        Err(_) => {
+            return Err(Error::CrdNotEstablished {
+                name,
+                timeout: CRD_ESTABLISHED,
+            });
+        }
+    }
     info!(crd = %name, "CRD installed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::super::fake_api;
+    use super::super::finalizers::ForceRelease;
+    use super::super::leader::WriteFence;
+    use super::*;
+    use crate::plugin::SandboxConfig;
+    use serde_json::json;
+
+    /// A registry of `dir` against an API server that knows nothing (the controllers'
+    /// watches fail and retry; nothing here needs them).
+    fn registry(dir: &Path, metrics: Arc<Metrics>, sandbox: Sandbox) -> PluginRegistry {
+        let (client, _) = fake_api::client(|_| fake_api::status(404, "NotFound", "none"));
+        PluginRegistry::new(
+            client,
+            sandbox,
+            metrics,
+            RegistryOptions {
+                dir: dir.to_path_buf(),
+                poll_interval: Duration::from_secs(1),
+                install_crds: false,
+                controller: ControllerOptions {
+                    namespace: Some("ns".into()),
+                    default_resync: Duration::from_secs(300),
+                    concurrency: 1,
+                    fence: WriteFence::default(),
+                    shard: None,
+                    force_release: ForceRelease::default(),
+                },
+                pending_releases: PendingReleases::default(),
+            },
+        )
+    }
+
+    /// Copies `plugin` into `dir` as `name`, old enough to load at the first scan.
+    fn install(dir: &Path, name: &str, plugin: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::copy(capstan_e2e::operator::test_plugin(plugin), &path).unwrap();
+        let old = SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        path
+    }
+
+    /// Whether `file` serves, and its last error, as `/plugins` says.
+    fn state(metrics: &Metrics, file: &Path) -> (bool, Option<String>) {
+        let plugins: serde_json::Value = serde_json::from_str(&metrics.plugins_json()).unwrap();
+        plugins
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["file"] == file.display().to_string())
+            .map_or((false, None), |p| {
+                (p["serving"] == true, p["error"].as_str().map(String::from))
+            })
+    }
+
+    /// A loader that compiles `slow` only once `first` serves (or gives up after a
+    /// minute: then `waited` stays false), and every other file at once.
+    fn held_back(
+        sandbox: Sandbox,
+        metrics: Arc<Metrics>,
+        slow: PathBuf,
+        first: PathBuf,
+        waited: Arc<AtomicBool>,
+    ) -> Loader {
+        Arc::new(move |bytes: &[u8], path: &Path| {
+            if path == slow {
+                let until = Instant::now() + Duration::from_secs(60);
+                while Instant::now() < until {
+                    if state(&metrics, &first).0 {
+                        waited.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            sandbox.load_bytes_blocking(bytes, path)
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_compile_does_not_hold_back_another_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let slow = install(dir.path(), "a-slow.wasm", "guard");
+        let fast = install(dir.path(), "b-fast.wasm", "widget");
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let waited = Arc::new(AtomicBool::new(false));
+        let load = held_back(
+            sandbox.clone(),
+            metrics.clone(),
+            slow.clone(),
+            fast.clone(),
+            waited.clone(),
+        );
+        let mut registry = registry(dir.path(), metrics.clone(), sandbox).with_loader(load);
+        registry.scan().await;
+        assert!(
+            waited.load(Ordering::SeqCst),
+            "b-fast served while a-slow was still compiling"
+        );
+        assert_eq!(state(&metrics, &slow), (true, None));
+        assert_eq!(state(&metrics, &fast), (true, None));
+        registry.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_first_file_by_name_wins_a_kind_even_when_it_compiles_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = install(dir.path(), "a-widget.wasm", "widget");
+        let second = install(dir.path(), "b-widget.wasm", "widget");
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let waited = Arc::new(AtomicBool::new(false));
+        let load = held_back(
+            sandbox.clone(),
+            metrics.clone(),
+            first.clone(),
+            second.clone(),
+            waited.clone(),
+        );
+        let mut registry = registry(dir.path(), metrics.clone(), sandbox).with_loader(load);
+        registry.scan().await;
+        assert!(waited.load(Ordering::SeqCst), "b-widget was serving first");
+        assert_eq!(state(&metrics, &first), (true, None));
+        let (serving, error) = state(&metrics, &second);
+        assert!(!serving, "the later file gives the kind up");
+        assert!(
+            error.is_some_and(|e| e.contains("keeping") && e.contains("a-widget.wasm, refusing")),
+            "and says why"
+        );
+        registry.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_version_of_another_kind_releases_the_finalizers_of_the_old_kind() {
+        let guard = json!({
+            "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "2",
+                         "finalizers": [super::super::reconcile::FINALIZER]},
+        });
+        let (client, calls) = fake_api::client(move |call: &fake_api::Call| {
+            match (&call.method, call.path.as_str()) {
+                (&http::Method::GET, "/apis/test.capstan.dev/v1/namespaces/ns/guards") => (
+                    200,
+                    json!({"apiVersion": "test.capstan.dev/v1", "kind": "GuardList",
+                           "metadata": {"resourceVersion": "2"}, "items": [guard.clone()]}),
+                ),
+                (&http::Method::PATCH, "/apis/test.capstan.dev/v1/namespaces/ns/guards/g") => {
+                    let mut written = guard.clone();
+                    written["metadata"]["finalizers"] = call.body["metadata"]["finalizers"].clone();
+                    (200, written)
+                }
+                _ => fake_api::status(404, "NotFound", "none"),
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let file = install(dir.path(), "p.wasm", "guard");
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let mut registry = registry(dir.path(), metrics.clone(), sandbox);
+        registry.client = client;
+        registry.scan().await;
+        assert_eq!(state(&metrics, &file), (true, None));
+        // The same file, now the widget plugin: it reconciles Widgets, no Guard any more.
+        std::fs::remove_file(&file).unwrap();
+        install(dir.path(), "p.wasm", "widget");
+        registry.scan().await;
+        let released = |calls: &fake_api::Calls| {
+            calls.all().iter().any(|c| {
+                c.method == http::Method::PATCH
+                    && c.path.ends_with("/guards/g")
+                    && c.body["metadata"]["finalizers"] == json!([])
+            })
+        };
+        let until = Instant::now() + Duration::from_secs(30);
+        while !(released(&calls)
+            && metrics.orphaned_finalizers("Guard.test.capstan.dev") == Some(0))
+            && Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(released(&calls), "the Guard's finalizer is released");
+        assert_eq!(
+            metrics.orphaned_finalizers("Guard.test.capstan.dev"),
+            Some(0)
+        );
+        registry.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_registry_resumes_the_releases_an_earlier_one_left_undone() {
+        let guard = json!({
+            "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "2",
+                         "finalizers": [super::super::reconcile::FINALIZER]},
+        });
+        let (client, calls) = fake_api::client(move |call: &fake_api::Call| {
+            match (&call.method, call.path.as_str()) {
+                (&http::Method::GET, "/apis/test.capstan.dev/v1/namespaces/ns/guards") => (
+                    200,
+                    json!({"apiVersion": "test.capstan.dev/v1", "kind": "GuardList",
+                           "metadata": {"resourceVersion": "2"}, "items": [guard.clone()]}),
+                ),
+                (&http::Method::PATCH, "/apis/test.capstan.dev/v1/namespaces/ns/guards/g") => {
+                    let mut written = guard.clone();
+                    written["metadata"]["finalizers"] = call.body["metadata"]["finalizers"].clone();
+                    (200, written)
+                }
+                _ => fake_api::status(404, "NotFound", "none"),
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let mut registry = registry(dir.path(), metrics.clone(), sandbox);
+        registry.client = client;
+        // What a registry stopped for a change of buckets left undone.
+        let guard_kind = KindRef {
+            group: "test.capstan.dev".into(),
+            version: "v1".into(),
+            kind: "Guard".into(),
+            plural: "guards".into(),
+            namespaced: true,
+        };
+        let pending = registry.opts.pending_releases.clone();
+        pending.insert(&guard_kind, "guard");
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let running = tokio::spawn(registry.run_until(stopped));
+        let until = Instant::now() + Duration::from_secs(30);
+        while !pending.all().is_empty() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(());
+        running.await.unwrap();
+        assert!(pending.all().is_empty(), "the release was resumed and done");
+        assert!(
+            calls.all().iter().any(|c| c.method == http::Method::PATCH
+                && c.body["metadata"]["finalizers"] == json!([])),
+            "the Guard's finalizer is released"
+        );
+    }
 }

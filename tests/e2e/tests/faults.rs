@@ -87,6 +87,108 @@ async fn parents_survive_kills_restarts_and_a_paused_leader() {
     report.assert_all_zero();
 }
 
+/// Guard parents of the finalizer release case.
+const GUARDS: usize = 200;
+/// The host's finalizer.
+const FINALIZER: &str = "capstan.dev/finalizer";
+
+/// A finalizer plugin's file is removed while the API server restarts, so that the
+/// release of its finalizers is interrupted; then every one of its parents is deleted,
+/// and every deletion completes (none waits for a finalizer nobody will remove).
+#[tokio::test]
+async fn deletions_complete_after_a_finalizer_plugin_is_removed_during_an_api_restart() {
+    let control_plane = ControlPlane::from_env();
+    in_test_namespace(
+        "finalizers",
+        Duration::from_secs(300),
+        async |client, ns| release_during_restart(&control_plane, &client, &ns).await,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let client = capstan_e2e::client().await;
+    await_api_ready(&client, Duration::from_secs(60))
+        .await
+        .expect("the API server is left healthy");
+}
+
+async fn release_during_restart(
+    control_plane: &ControlPlane,
+    client: &Client,
+    ns: &str,
+) -> Result<()> {
+    let guard = test_plugin("guard");
+    let op = Operator::start(ns, &[guard.as_path()], &["--concurrency", "8"]).await;
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &guard_kind());
+    let parents = (0..GUARDS)
+        .map(|i| (guard_kind(), format!("g-{i:03}"), json!({})))
+        .collect();
+    create_all(
+        client.clone(),
+        ns.to_string(),
+        parents,
+        Arc::new(AtomicUsize::new(0)),
+    )
+    .await?;
+    let holding = |list: &[DynamicObject]| {
+        list.iter()
+            .filter(|g| g.finalizers().iter().any(|f| f == FINALIZER))
+            .count()
+    };
+    wait_for(
+        &format!("{FINALIZER} on all {GUARDS} Guards"),
+        CONVERGE,
+        || async {
+            let list = api.list(&ListParams::default()).await?.items;
+            Ok((list.len() == GUARDS && holding(&list) == GUARDS).then_some(()))
+        },
+    )
+    .await?;
+
+    // The release starts within milliseconds of the removal (inotify), and the API
+    // server goes down while it runs.
+    std::fs::remove_file(op.plugins.path().join("guard.wasm"))?;
+    control_plane.restart("kube-apiserver").await?;
+    await_api_ready(client, Duration::from_secs(120)).await?;
+    let kind = "capstan_orphaned_finalizers{kind=\"Guard.test.capstan.dev\"}";
+    wait_for("every finalizer released", CONVERGE, || async {
+        let list = api.list(&ListParams::default()).await?.items;
+        let metric = op.metrics().await?;
+        let released = metric.lines().any(|l| l == format!("{kind} 0"));
+        Ok((list.len() == GUARDS && holding(&list) == 0 && released).then_some(()))
+    })
+    .await?;
+    let retries = op.log().matches("will retry").count();
+    println!("release retried {retries} times across the API server restart");
+
+    let names: Vec<String> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|g| g.name_any())
+        .collect();
+    assert_eq!(names.len(), GUARDS, "every Guard is there to delete");
+    for name in &names {
+        retried(&format!("delete Guard {name}"), || async {
+            match api.delete(name, &DeleteParams::default()).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                other => other.map(|_| ()),
+            }
+        })
+        .await?;
+    }
+    wait_for("every Guard deletion to complete", CONVERGE, || async {
+        let left = api.list(&ListParams::default()).await?.items.len();
+        Ok((left == 0).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+fn guard_kind() -> ApiResource {
+    test_kind("Guard", "guards")
+}
+
 /// What the suite measured.
 #[derive(Debug, Default)]
 struct Report {

@@ -1,5 +1,6 @@
 //! Test plugin `guard` (test.capstan.dev/v1 Guard): keeps one ConfigMap, asks for a
-//! finalizer, and lets its parent go only once `spec.release` is true.
+//! finalizer, and lets its parent go only once `spec.release` is true; with
+//! `spec.refuse` set, its `finalize` says the spec is invalid, with that message.
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ mod test_crd;
 #[serde(default)]
 struct GuardSpec {
     release: bool,
+    refuse: Option<String>,
 }
 
 /// The plugin.
@@ -41,6 +43,9 @@ impl Plugin for Guard {
 
     fn finalize(ctx: &Context) -> Result<Finalized, Error> {
         let spec: GuardSpec = ctx.spec()?;
+        if let Some(why) = spec.refuse {
+            return Err(Error::invalid(why));
+        }
         if spec.release {
             Ok(Finalized::done().event(Event::normal("Released", "cleanup finished")))
         } else {
