@@ -376,8 +376,8 @@ impl PluginRegistry {
         }
         let mut settling = false;
         let mut due = Vec::new();
-        for (path, stamp) in present {
-            self.refresh_limits(&path);
+        for (path, Listed { stamp, limits }) in present {
+            self.refresh_limits(&path, limits).await;
             let state = self.files.entry(path.clone()).or_default();
             if state.stamp == Some(stamp) {
                 if state.retry.is_some_and(|(at, _)| at <= Instant::now()) {
@@ -498,7 +498,9 @@ impl PluginRegistry {
             .serving
             .as_ref()
             .map(|(p, _)| p.limits_file());
-        let limits_error = self.apply_limits(path, &plugin, previous.unwrap_or_default());
+        let limits_error = self
+            .apply_limits(path, &plugin, previous.unwrap_or_default())
+            .await;
         self.cancel_release(&plugin.info().parent);
         let state = self.files.get_mut(path).expect("state exists");
         let replaced = state.serving.take();
@@ -572,11 +574,10 @@ impl PluginRegistry {
 
     /// Hands the serving version of `path` its limits file again when that file was
     /// added, changed or removed since it was last read.
-    fn refresh_limits(&mut self, path: &Path) {
+    async fn refresh_limits(&mut self, path: &Path, stamp: Option<(u64, SystemTime)>) {
         let Some(state) = self.files.get_mut(path) else {
             return;
         };
-        let stamp = file_stamp(&limits::file_of(path));
         if state.limits_stamp == Some(stamp) {
             return;
         }
@@ -584,7 +585,7 @@ impl PluginRegistry {
             return;
         };
         let plugin = plugin.clone();
-        let error = self.apply_limits(path, &plugin, plugin.limits_file());
+        let error = self.apply_limits(path, &plugin, plugin.limits_file()).await;
         let state = self.files.get_mut(path).expect("state exists");
         state.error = error.clone();
         self.metrics
@@ -593,18 +594,33 @@ impl PluginRegistry {
 
     /// Reads the limits file of `path` and sets it on `plugin`; a bad file is reported
     /// (the message is returned) and `plugin` gets `fallback`, the limits it had.
-    fn apply_limits(
+    async fn apply_limits(
         &mut self,
         path: &Path,
         plugin: &Plugin,
         fallback: limits::LimitsFile,
     ) -> Option<String> {
         let file = limits::file_of(path);
-        let stamp = file_stamp(&file);
+        // Read on a blocking thread, like the directory: a slow volume must not hold a
+        // runtime worker.
+        let (wasm, config) = (path.to_path_buf(), self.sandbox.config().clone());
+        let read = tokio::task::spawn_blocking(move || {
+            let stamp = file_stamp(&limits::file_of(&wasm));
+            (stamp, limits::read(&wasm, &config))
+        })
+        .await;
+        let (stamp, read) = match read {
+            Ok(done) => done,
+            Err(e) => {
+                return Some(format!(
+                    "limits not changed: reading them did not complete: {e}"
+                ));
+            }
+        };
         if let Some(state) = self.files.get_mut(path) {
             state.limits_stamp = Some(stamp);
         }
-        match limits::read(path, self.sandbox.config()) {
+        match read {
             Ok(limits) => {
                 let limits = limits.unwrap_or_default();
                 if stamp.is_some() {
@@ -691,10 +707,18 @@ fn file_stamp(path: &Path) -> Option<(u64, SystemTime)> {
     ))
 }
 
-/// `*.wasm` files in `dir` with their (size, mtime), sorted by name so that the first
-/// file claiming a kind wins deterministically. The directory is read on a blocking
-/// thread: a slow volume must not hold a runtime worker.
-async fn wasm_files(dir: PathBuf) -> Result<BTreeMap<PathBuf, (u64, SystemTime)>> {
+/// A `*.wasm` file as the directory listing saw it.
+struct Listed {
+    /// Its (size, mtime).
+    stamp: (u64, SystemTime),
+    /// The (size, mtime) of its limits file, if it has one.
+    limits: Option<(u64, SystemTime)>,
+}
+
+/// `*.wasm` files in `dir`, sorted by name so that the first file claiming a kind wins
+/// deterministically. The directory is read on a blocking thread: a slow volume must
+/// not hold a runtime worker.
+async fn wasm_files(dir: PathBuf) -> Result<BTreeMap<PathBuf, Listed>> {
     tokio::task::spawn_blocking(move || {
         wasm_files_blocking(&dir).map_err(|source| Error::ReadDir { dir, source })
     })
@@ -702,7 +726,7 @@ async fn wasm_files(dir: PathBuf) -> Result<BTreeMap<PathBuf, (u64, SystemTime)>
     .map_err(Error::ScanAborted)?
 }
 
-fn wasm_files_blocking(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime)>> {
+fn wasm_files_blocking(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, Listed>> {
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
@@ -714,7 +738,14 @@ fn wasm_files_blocking(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, Sy
             && meta.is_file()
         {
             let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            out.insert(path, (meta.len(), mtime));
+            let limits = file_stamp(&limits::file_of(&path));
+            out.insert(
+                path,
+                Listed {
+                    stamp: (meta.len(), mtime),
+                    limits,
+                },
+            );
         }
     }
     Ok(out)

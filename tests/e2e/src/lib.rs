@@ -6,6 +6,7 @@
 //! Without it they fail with a message saying so; they never skip.
 
 pub mod control_plane;
+pub mod fleet;
 pub mod objects;
 pub mod operator;
 

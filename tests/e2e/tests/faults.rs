@@ -9,7 +9,7 @@
 //! Writes are attributed to a process through the API server's audit log: each replica
 //! has its own identity, which its user agent carries. See docs/operator.md#faults.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use capstan_e2e::control_plane::{AuditEvent, ControlPlane, await_api_ready};
+use capstan_e2e::fleet::{self, Fleet, Survey, WIDGET_LABEL, postgres_kind, retried, widget_kind};
 use capstan_e2e::objects::{test_kind, uuid_kind};
 use capstan_e2e::operator::{Operator, plugin, test_plugin};
 use capstan_e2e::{in_test_namespace, wait_for};
@@ -48,23 +49,10 @@ const HAND_EDITS: usize = 10;
 const IN_FLIGHT: usize = 8;
 /// Bound of each wait for every parent to converge.
 const CONVERGE: Duration = Duration::from_secs(300);
+/// How long one request is retried through restarts.
+const RETRY: Duration = Duration::from_secs(120);
 /// Bound of the wait for one hand-made change to be undone.
 const RESTORE: Duration = Duration::from_secs(30);
-const WIDGET_LABEL: &str = "capstan.dev/plugin=widget";
-
-fn postgres_kind() -> ApiResource {
-    ApiResource {
-        group: "db.example.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "db.example.com/v1alpha1".into(),
-        kind: "PostgreSQLCluster".into(),
-        plural: "postgresqlclusters".into(),
-    }
-}
-
-fn widget_kind() -> ApiResource {
-    test_kind("Widget", "widgets")
-}
 
 fn plugins() -> Vec<std::path::PathBuf> {
     vec![plugin("uuid"), test_plugin("widget"), plugin("postgresql")]
@@ -169,7 +157,7 @@ async fn release_during_restart(
         .collect();
     assert_eq!(names.len(), GUARDS, "every Guard is there to delete");
     for name in &names {
-        retried(&format!("delete Guard {name}"), || async {
+        retried(&format!("delete Guard {name}"), RETRY, || async {
             match api.delete(name, &DeleteParams::default()).await {
                 Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
                 other => other.map(|_| ()),
@@ -577,7 +565,7 @@ async fn create_all(
                     "apiVersion": ar.api_version, "kind": ar.kind,
                     "metadata": {"name": name}, "spec": spec,
                 }))?;
-                retried(&format!("create {} {name}", ar.kind), || async {
+                retried(&format!("create {} {name}", ar.kind), RETRY, || async {
                     match api.create(&PostParams::default(), &obj).await {
                         // Created by an attempt whose answer was lost in a restart.
                         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
@@ -608,7 +596,7 @@ async fn patch_widgets(
             async move {
                 let name = format!("w-{w:03}");
                 let patch = Patch::Merge(json!({"spec": {"message": message}}));
-                retried(&format!("patch Widget {name}"), || async {
+                retried(&format!("patch Widget {name}"), RETRY, || async {
                     api.patch(&name, &PatchParams::default(), &patch)
                         .await
                         .map(|_| ())
@@ -621,22 +609,6 @@ async fn patch_widgets(
         .buffer_unordered(4)
         .try_collect()
         .await
-}
-
-/// Runs `request` until it succeeds, for up to two minutes, 250 ms apart.
-async fn retried<F, Fut>(what: &str, mut request: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = kube::Result<()>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        match request().await {
-            Ok(()) => return Ok(()),
-            Err(e) if Instant::now() > deadline => return Err(e).context(what.to_string()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
 }
 
 /// Waits until `op` says it leads (`capstan_leader 1`).
@@ -800,132 +772,16 @@ async fn undo_hand_edits(
     Ok(deleted)
 }
 
-/// Where every parent stands.
-#[derive(Debug, Default)]
-struct Survey {
-    converged: usize,
-    not_converged: Vec<String>,
-    duplicate_children: usize,
-}
-
-impl Survey {
-    fn converged(&self) -> bool {
-        self.not_converged.is_empty() && self.duplicate_children == 0
-    }
-
-    fn summary(&self) -> String {
-        format!(
-            "{} parents converged, {} not, {} duplicate children",
-            self.converged,
-            self.not_converged.len(),
-            self.duplicate_children
-        )
-    }
-}
-
-/// Surveys every 2 s until every parent converged (widgets: children with `message`),
-/// for up to [`CONVERGE`]; returns the last survey either way.
+/// Waits, for up to [`CONVERGE`], until every parent of the suite converged with
+/// `message`; returns the last survey either way.
 async fn converge(client: &Client, ns: &str, message: &str) -> Survey {
-    let started = Instant::now();
-    loop {
-        match survey(client, ns, message).await {
-            Ok(s) if s.converged() || started.elapsed() > CONVERGE => return s,
-            Err(e) if started.elapsed() > CONVERGE => {
-                return Survey {
-                    not_converged: vec![format!("no survey: {e:#}")],
-                    ..Survey::default()
-                };
-            }
-            _ => tokio::time::sleep(Duration::from_secs(2)).await,
-        }
-    }
-}
-
-/// Converged: a Uuid has a UUID; a Widget is Ready for its generation and controls
-/// exactly its `CHILDREN` ConfigMaps, with `message`; a PostgreSQLCluster is Running.
-/// A ConfigMap beyond those (or controlled by no widget) is a duplicate.
-async fn survey(client: &Client, ns: &str, message: &str) -> Result<Survey> {
-    let list = |ar: ApiResource| {
-        let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar);
-        async move { Ok::<_, kube::Error>(api.list(&ListParams::default()).await?.items) }
+    let fleet = Fleet {
+        uuids: UUIDS,
+        widgets: WIDGETS,
+        postgres: POSTGRES,
+        children: CHILDREN,
     };
-    let uuids = list(uuid_kind()).await?;
-    let widgets = list(widget_kind()).await?;
-    let pgs = list(postgres_kind()).await?;
-    let cms = Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(WIDGET_LABEL))
-        .await?
-        .items;
-    let mut children: BTreeMap<String, Vec<&ConfigMap>> = BTreeMap::new();
-    let mut orphans = 0;
-    for cm in &cms {
-        match cm
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-        {
-            Some(owner) => children.entry(owner.uid.clone()).or_default().push(cm),
-            None => orphans += 1,
-        }
-    }
-    let status =
-        |o: &DynamicObject, field: &str| o.data.pointer(&format!("/status/{field}")).cloned();
-    let mut s = Survey::default();
-    let mut verdict = |name: String, ok: bool| {
-        if ok {
-            s.converged += 1;
-        } else {
-            s.not_converged.push(name);
-        }
-    };
-    for u in &uuids {
-        let ok = status(u, "uuid").is_some_and(|v| v.as_str().is_some_and(|s| s.len() == 36));
-        verdict(format!("Uuid {}", u.name_any()), ok);
-    }
-    let mut widget_uids = BTreeSet::new();
-    let mut excess = 0;
-    for w in &widgets {
-        let name = w.name_any();
-        let uid = w.metadata.uid.clone().unwrap_or_default();
-        let mine = children.get(&uid).map(Vec::as_slice).unwrap_or_default();
-        excess += mine.len().saturating_sub(CHILDREN);
-        let want: BTreeSet<String> = (0..CHILDREN).map(|i| format!("{name}-{i}")).collect();
-        let have: BTreeSet<String> = mine.iter().map(|c| c.name_any()).collect();
-        let data_ok = mine.iter().all(|c| {
-            c.data
-                .as_ref()
-                .and_then(|d| d.get("message"))
-                .map(String::as_str)
-                == Some(message)
-        });
-        let ready = capstan_e2e::objects::ready_condition(w).is_some_and(|r| r.0 == "True");
-        let current =
-            status(w, "observedGeneration").and_then(|g| g.as_i64()) == w.metadata.generation;
-        verdict(
-            format!("Widget {name}"),
-            ready && current && have == want && data_ok,
-        );
-        widget_uids.insert(uid);
-    }
-    for pg in &pgs {
-        let running = status(pg, "phase").is_some_and(|p| p == "Running");
-        verdict(format!("PostgreSQLCluster {}", pg.name_any()), running);
-    }
-    let expected = UUIDS + WIDGETS + POSTGRES;
-    let seen = uuids.len() + widgets.len() + pgs.len();
-    if seen < expected {
-        s.not_converged
-            .push(format!("{} parents missing", expected - seen));
-    }
-    let foreign: usize = children
-        .iter()
-        .filter(|(uid, _)| !widget_uids.contains(*uid))
-        .map(|(_, c)| c.len())
-        .sum();
-    s.duplicate_children = excess + orphans + foreign;
-    Ok(s)
+    fleet::converge(client, ns, message, &fleet, CONVERGE).await
 }
 
 /// Each object's first value, and the names of those seen with another one later.

@@ -17,15 +17,16 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use capstan_e2e::control_plane::{AuditEvent, ControlPlane};
-use capstan_e2e::objects::{ready_condition, test_kind, uuid_kind};
+use capstan_e2e::fleet::{self, Fleet, retried, widget_kind};
+use capstan_e2e::objects::uuid_kind;
 use capstan_e2e::operator::{Operator, plugin, test_plugin};
 use capstan_e2e::{in_test_namespace, wait_for};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -36,13 +37,11 @@ const CHILDREN: usize = 2;
 const IN_FLIGHT: usize = 16;
 /// Bound of each wait for every parent to converge.
 const CONVERGE: Duration = Duration::from_secs(600);
+/// How long one request is retried (the CRD may still be being installed).
+const RETRY: Duration = Duration::from_secs(60);
 /// The goal: each replica within 15 % of an even split.
 const EVEN_WITHIN: f64 = 0.15;
 const REPLICAS: [&str; 3] = ["a", "b", "c"];
-
-fn widget_kind() -> ApiResource {
-    test_kind("Widget", "widgets")
-}
 
 fn size(var: &str, default: usize) -> usize {
     std::env::var(var)
@@ -88,7 +87,7 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
     let created = Instant::now();
     create_all(client, ns, uuids, widgets).await?;
     let create_time = created.elapsed();
-    converge(client, ns, "v1", uuids + widgets)
+    converge(client, ns, "v1", uuids, widgets)
         .await
         .with_context(|| logs(&replicas))?;
     let converge_time = created.elapsed();
@@ -172,7 +171,7 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
         takeover <= Duration::from_secs(2 * LEASE_SECONDS),
         "takeover took {takeover:?}, more than twice the lease ({LEASE_SECONDS} s)"
     );
-    converge(client, ns, "v2", uuids + widgets)
+    converge(client, ns, "v2", uuids, widgets)
         .await
         .with_context(|| logs(&replicas))?;
     println!(
@@ -194,7 +193,7 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
         "the rejoined replica got its share {:.1?} after its restart began: {split:?}",
         rejoin.elapsed()
     );
-    converge(client, ns, "v3", uuids + widgets)
+    converge(client, ns, "v3", uuids, widgets)
         .await
         .with_context(|| logs(&replicas))?;
     println!(
@@ -244,7 +243,7 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
         "a clean stop was handed over after {handover:?}: the lease was not given up"
     );
     patch_widgets(&widgets_api, half..widgets, "v4").await?;
-    converge(client, ns, "v4", uuids + widgets)
+    converge(client, ns, "v4", uuids, widgets)
         .await
         .with_context(|| logs(&replicas))?;
     let since: BTreeMap<String, Vec<(Timestamp, String)>> = parent_writers(control_plane, ns)?
@@ -372,7 +371,7 @@ async fn create_all(client: &Client, ns: &str, uuids: usize, widgets: usize) -> 
                     "apiVersion": ar.api_version, "kind": ar.kind,
                     "metadata": {"name": name}, "spec": spec,
                 }))?;
-                retried(&format!("create {name}"), async || {
+                retried(&format!("create {name}"), RETRY, || async {
                     api.create(&PostParams::default(), &obj).await
                 })
                 .await
@@ -392,7 +391,7 @@ async fn patch_widgets(
     futures::stream::iter(range)
         .map(|i| async move {
             let patch = json!({"spec": {"message": message}});
-            retried(&format!("patch w-{i:03}"), async || {
+            retried(&format!("patch w-{i:03}"), RETRY, || async {
                 api.patch(
                     &format!("w-{i:03}"),
                     &PatchParams::default(),
@@ -408,98 +407,28 @@ async fn patch_widgets(
     Ok(())
 }
 
-/// A request retried for up to a minute (the CRD may still be being installed).
-async fn retried<T>(what: &str, request: impl AsyncFn() -> kube::Result<T>) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        match request().await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 && what.starts_with("create") => {
-                return Ok(());
-            }
-            Err(e) if start.elapsed() > Duration::from_secs(60) => bail!("{what}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-}
-
-/// Waits until every Uuid has its UUID and every Widget its `count` children with
+/// Waits until every Uuid has its UUID and every Widget its `CHILDREN` children with
 /// `message`, a Ready condition and a current observedGeneration.
-async fn converge(client: &Client, ns: &str, message: &str, parents: usize) -> Result<()> {
-    let start = Instant::now();
-    let mut last = String::new();
-    while start.elapsed() < CONVERGE {
-        let (ok, missing) = survey(client, ns, message).await?;
-        if ok == parents {
-            return Ok(());
-        }
-        last = format!("{ok} of {parents} converged; e.g. {missing:?}");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    bail!("not converged after {CONVERGE:?}: {last}")
-}
-
-async fn survey(client: &Client, ns: &str, message: &str) -> Result<(usize, Vec<String>)> {
-    let list = |ar: ApiResource| {
-        let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar);
-        async move { Ok::<_, kube::Error>(api.list(&ListParams::default()).await?.items) }
+async fn converge(
+    client: &Client,
+    ns: &str,
+    message: &str,
+    uuids: usize,
+    widgets: usize,
+) -> Result<()> {
+    let fleet = Fleet {
+        uuids,
+        widgets,
+        postgres: 0,
+        children: CHILDREN,
     };
-    let uuids = list(uuid_kind()).await?;
-    let widgets = list(widget_kind()).await?;
-    let cms = Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels("capstan.dev/plugin=widget"))
-        .await?
-        .items;
-    let mut children: BTreeMap<String, Vec<&ConfigMap>> = BTreeMap::new();
-    for cm in &cms {
-        if let Some(owner) = cm
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-        {
-            children.entry(owner.uid.clone()).or_default().push(cm);
-        }
-    }
-    let mut ok = 0;
-    let mut missing = Vec::new();
-    for u in &uuids {
-        let has = u
-            .data
-            .pointer("/status/uuid")
-            .and_then(Value::as_str)
-            .is_some_and(|s| s.len() == 36);
-        if has {
-            ok += 1;
-        } else if missing.len() < 5 {
-            missing.push(format!("Uuid {}", u.name_any()));
-        }
-    }
-    for w in &widgets {
-        let uid = w.metadata.uid.clone().unwrap_or_default();
-        let mine = children.get(&uid).map(Vec::as_slice).unwrap_or_default();
-        let data_ok = mine.len() == CHILDREN
-            && mine.iter().all(|c| {
-                c.data
-                    .as_ref()
-                    .and_then(|d| d.get("message"))
-                    .map(String::as_str)
-                    == Some(message)
-            });
-        let ready = ready_condition(w).is_some_and(|r| r.0 == "True");
-        let current = w
-            .data
-            .pointer("/status/observedGeneration")
-            .and_then(Value::as_i64)
-            == w.metadata.generation;
-        if data_ok && ready && current {
-            ok += 1;
-        } else if missing.len() < 10 {
-            missing.push(format!("Widget {}", w.name_any()));
-        }
-    }
-    Ok((ok, missing))
+    let survey = fleet::converge(client, ns, message, &fleet, CONVERGE).await;
+    ensure!(
+        survey.converged(),
+        "not converged after {CONVERGE:?}: {}",
+        survey.summary()
+    );
+    Ok(())
 }
 
 /// Per parent (`kind/name`), its writes by capstan replicas in the order the API server
@@ -616,7 +545,7 @@ async fn children_applied_before_sharding_are_labelled_and_observed() {
             // older version had applied them.
             let op = Operator::start(&ns, &paths, &[]).await;
             create_all(&client, &ns, 0, 1).await?;
-            converge(&client, &ns, "v1", 1).await?;
+            converge(&client, &ns, "v1", 0, 1).await?;
             drop(op);
             let unlabel = json!({"metadata": {"labels": {"capstan.dev/shard-bucket": null}}});
             let mut uids = Vec::new();
@@ -663,7 +592,7 @@ async fn children_applied_before_sharding_are_labelled_and_observed() {
                 replicas
                     .push(Operator::start_replica(&format!("{ns}-{r}"), &ns, &paths, &args).await);
             }
-            converge(&client, &ns, "v2", 1)
+            converge(&client, &ns, "v2", 0, 1)
                 .await
                 .with_context(|| logs(&replicas))?;
             for (name, uid) in ["w-000-0", "w-000-1"].iter().zip(&uids) {
