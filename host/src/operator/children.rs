@@ -29,10 +29,10 @@ use tokio::task::JoinHandle;
 
 use super::cluster::api_resource;
 use super::metrics::Metrics;
-use crate::shard::{Buckets, SHARD_BUCKET_LABEL, bucket_of};
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plan::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::shard::{Buckets, SHARD_BUCKET_LABEL, bucket_of};
 
 /// (namespace, name) of a cached object.
 pub type Key = (Option<String>, String);

@@ -22,10 +22,10 @@ use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use super::reconcile::{self, Context};
-use crate::shard::{Buckets, bucket_of};
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plugin::Plugin;
+use crate::shard::{Buckets, bucket_of};
 
 /// Options shared by every controller.
 #[derive(Debug, Clone)]

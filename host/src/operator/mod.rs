@@ -35,8 +35,8 @@ pub use reconcile::FINALIZER;
 pub use registry::{PluginRegistry, RegistryOptions};
 
 use crate::plugin::Sandbox;
-use membership::{Membership, after_renewal, before_renewal};
 use crate::shard::{self, Buckets};
+use membership::{Membership, after_renewal, before_renewal};
 
 /// Everything `capstan run` needs.
 #[derive(Debug, Clone)]

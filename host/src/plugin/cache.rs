@@ -405,7 +405,11 @@ mod tests {
         .unwrap();
         let path = capstan_e2e::operator::test_plugin("fickle");
         let bytes = std::fs::read(&path).unwrap();
-        let load = |name: &str| sandbox.load_bytes_blocking(&variant(&bytes, name), &path).unwrap();
+        let load = |name: &str| {
+            sandbox
+                .load_bytes_blocking(&variant(&bytes, name), &path)
+                .unwrap()
+        };
         let entry_of = |p: &super::super::Plugin| {
             files(dir.path())
                 .into_iter()
