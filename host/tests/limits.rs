@@ -6,69 +6,30 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use capstan::contract::Observed;
-use capstan::plugin::{CallError, LimitsFile, Plugin, Sandbox, SandboxConfig};
-use common::test_plugin;
-use serde_json::json;
-
-/// The widget plugin in a sandbox whose flags allow `deadline` per call.
-fn widget(deadline: Duration) -> Plugin {
-    Sandbox::new(SandboxConfig {
-        deadline,
-        memory_limit: 64 << 20,
-        ..SandboxConfig::default()
-    })
-    .unwrap()
-    .load_file_blocking(&test_plugin("widget"))
-    .unwrap()
-}
-
-fn observed(mode: &str) -> Observed {
-    Observed {
-        parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
-            "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
-            "spec": {"mode": mode, "count": 1}}),
-        children: vec![],
-    }
-}
-
-/// CPU time (user and system) this thread has used so far: a blocking call runs its
-/// guest on the calling thread.
-fn thread_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-    let fields: Vec<u64> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .map(|f| f.parse().unwrap())
-        .collect();
-    Duration::from_millis((fields[0] + fields[1]) * 10)
-}
+use capstan::plugin::{CallError, LimitsFile};
+use common::{thread_cpu, widget_observed, widget_with_deadline};
 
 #[test]
 fn a_plugins_own_deadline_and_memory_cap_hold_its_calls() {
-    let plugin = widget(Duration::from_secs(5));
+    let plugin = widget_with_deadline(Duration::from_secs(5));
     plugin.set_limits(LimitsFile {
         timeout_ms: Some(300),
         memory_mib: Some(16),
         ..LimitsFile::default()
     });
-    match plugin.reconcile_blocking(&observed("loop")) {
+    match plugin.reconcile_blocking(&widget_observed("loop")) {
         Err(CallError::Deadline { deadline, .. }) => {
             assert_eq!(deadline, Duration::from_millis(300))
         }
         other => panic!("{other:?}"),
     }
-    match plugin.reconcile_blocking(&observed("oom")) {
+    match plugin.reconcile_blocking(&widget_observed("oom")) {
         Err(CallError::MemoryCap { limit_mib, .. }) => assert_eq!(limit_mib, 16),
         other => panic!("{other:?}"),
     }
     // Back to the flags' limits.
     plugin.set_limits(LimitsFile::default());
-    match plugin.reconcile_blocking(&observed("oom")) {
+    match plugin.reconcile_blocking(&widget_observed("oom")) {
         Err(CallError::MemoryCap { limit_mib, .. }) => assert_eq!(limit_mib, 64),
         other => panic!("{other:?}"),
     }
@@ -76,7 +37,7 @@ fn a_plugins_own_deadline_and_memory_cap_hold_its_calls() {
 
 #[test]
 fn a_plugins_concurrency_makes_its_calls_take_turns() {
-    let plugin = widget(Duration::from_millis(300));
+    let plugin = widget_with_deadline(Duration::from_millis(300));
     plugin.set_limits(LimitsFile {
         concurrency: Some(1),
         ..LimitsFile::default()
@@ -84,7 +45,7 @@ fn a_plugins_concurrency_makes_its_calls_take_turns() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let started = Instant::now();
     let (a, b) = runtime.block_on(async {
-        let sleep = observed("sleep");
+        let sleep = widget_observed("sleep");
         tokio::join!(
             plugin.reconcile_async(&sleep),
             plugin.reconcile_async(&sleep)
@@ -104,13 +65,13 @@ fn a_plugins_concurrency_makes_its_calls_take_turns() {
 #[test]
 fn a_cpu_share_holds_a_spinning_plugin_to_its_share() {
     let deadline = Duration::from_secs(1);
-    let plugin = widget(deadline);
+    let plugin = widget_with_deadline(deadline);
     plugin.set_limits(LimitsFile {
         cpu: Some(0.02),
         ..LimitsFile::default()
     });
     let before = thread_cpu();
-    let result = plugin.reconcile_blocking(&observed("loop"));
+    let result = plugin.reconcile_blocking(&widget_observed("loop"));
     let used = thread_cpu() - before;
     assert!(
         matches!(result, Err(CallError::Deadline { .. })),

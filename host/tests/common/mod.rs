@@ -1,11 +1,16 @@
 //! Helpers shared by the host's integration tests: finding the built plugins and the
-//! binary, golden files, and masking the random parts of rendered output.
+//! binary, golden files, masking the random parts of rendered output, the CLI's
+//! one-line errors, and a thread's CPU time.
 #![allow(dead_code, unused_imports)] // each test file uses a part
 
 use std::path::Path;
 use std::process::Output;
+use std::time::Duration;
 
-use serde_json::Value;
+use capstan::contract::Observed;
+use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
+
+use serde_json::{Value, json};
 
 /// Where the built plugins and the workspace are: shared with the end-to-end tests.
 pub use capstan_e2e::operator::{plugin, root, test_plugin, uuid_other_build};
@@ -99,4 +104,86 @@ pub fn kinds_and_names(rendered: &Value) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// A sandbox for the render and sandbox tests: calls stopped at 500 ms, 32 MiB each.
+pub fn sandbox() -> Sandbox {
+    Sandbox::new(SandboxConfig {
+        deadline: Duration::from_millis(500),
+        memory_limit: 32 << 20,
+        cache_dir: None,
+        ..SandboxConfig::default()
+    })
+    .unwrap()
+}
+
+/// Runs `capstan` and checks that it failed with exactly one line containing `expected`.
+pub fn assert_fails_with(args: &[&str], expected: &str) {
+    let out = capstan(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "exit code for {args:?}; stderr: {stderr}"
+    );
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "one line for {args:?}, got:\n{stderr}"
+    );
+    assert!(stderr.starts_with("capstan: "), "{stderr}");
+    assert!(
+        stderr.contains(expected),
+        "{stderr:?} should contain {expected:?}"
+    );
+    for noise in [
+        "backtrace",
+        "RUST_BACKTRACE",
+        "panicked at",
+        "wasm function",
+        "0x",
+    ] {
+        assert!(!stderr.contains(noise), "{stderr:?} contains {noise:?}");
+    }
+    assert!(out.stdout.is_empty(), "nothing on stdout for a failure");
+}
+
+/// Writes a Widget parent whose spec asks the test plugin for `mode`; returns its path.
+pub fn widget_parent(dir: &tempfile::TempDir, mode: &str) -> String {
+    let path = dir.path().join(format!("{mode}.yaml"));
+    std::fs::write(
+        &path,
+        format!("apiVersion: test.capstan.dev/v1\nkind: Widget\nmetadata:\n  name: w\nspec:\n  mode: {mode}\n"),
+    )
+    .unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// CPU time (user and system) the calling thread has used so far, to the nanosecond:
+/// unlike wall-clock time, it does not stretch when the machine is busy.
+pub fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+    let nanos = stat.split_whitespace().next().unwrap().parse().unwrap();
+    Duration::from_nanos(nanos)
+}
+
+/// The test `widget` plugin in a sandbox of default size, with calls stopped at `deadline`.
+pub fn widget_with_deadline(deadline: Duration) -> Plugin {
+    Sandbox::new(SandboxConfig {
+        deadline,
+        ..SandboxConfig::default()
+    })
+    .unwrap()
+    .load_file_blocking(&test_plugin("widget"))
+    .unwrap()
+}
+
+/// A Widget parent whose spec asks the test plugin for `mode`, with no children.
+pub fn widget_observed(mode: &str) -> Observed {
+    Observed {
+        parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {"mode": mode, "count": 1}}),
+        children: vec![],
+    }
 }
