@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
-use serde_json::Value;
 
 use crate::objects::{ready_condition, test_kind, uuid_kind};
 
@@ -169,7 +168,7 @@ pub async fn survey(client: &Client, ns: &str, message: &str, fleet: &Fleet) -> 
         widget_uids.insert(uid);
     }
     for pg in &pgs {
-        let running = status(pg, "phase").is_some_and(|p| p == Value::from("Running"));
+        let running = status(pg, "phase").is_some_and(|p| p == "Running");
         verdict(format!("PostgreSQLCluster {}", pg.name_any()), running);
     }
     let expected = fleet.uuids + fleet.widgets + fleet.postgres;
