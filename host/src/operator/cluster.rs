@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::leader::WriteFence;
 use crate::contract::{Event, EventType, KindRef, ObservedChild};
 use crate::ownership::{self, Ownership};
-use crate::plan::{self, LEGACY_FIELD_MANAGER, PlannedChild};
+use crate::plan::{self, PlannedChild};
 
 /// How long one API request may take before it counts as failed (transient).
 pub const API_TIMEOUT: Duration = Duration::from_secs(30);
@@ -353,56 +353,23 @@ impl ClusterWrites {
     }
 
     /// Server-side applies, with force, a child this parent controls (or is adopting),
-    /// with the plugin's field manager, then migrates it off the legacy shared manager if it had one.
+    /// with the plugin's field manager.
     async fn apply_owned(
         &self,
         api: &Api<DynamicObject>,
         child: &PlannedChild,
-        action: impl Fn() -> String,
+        action: impl FnOnce() -> String,
     ) -> Result<ChildOutcome> {
         let params = PatchParams::apply(&self.manager).force();
         let written = self
             .write(
-                &action,
+                action,
                 api.patch(&child.name, &params, &Patch::Apply(&child.manifest)),
             )
             .await?;
-        if has_manager(&written, LEGACY_FIELD_MANAGER) {
-            self.drop_legacy_manager(api, &written, &child.manifest, &action)
-                .await?;
-        }
         Ok(ChildOutcome::Applied {
             resource_version: written.metadata.resource_version,
         })
-    }
-
-    /// Objects written before each plugin had its own field manager are co-owned by the
-    /// shared manager `capstan`. The plugin's manager now owns every field it applies,
-    /// so an empty apply by the legacy manager releases exactly the fields that nothing
-    /// wants any more (which a later apply would otherwise never remove).
-    async fn drop_legacy_manager(
-        &self,
-        api: &Api<DynamicObject>,
-        written: &DynamicObject,
-        manifest: &Value,
-        action: impl Fn() -> String,
-    ) -> Result<()> {
-        let empty = json!({
-            "apiVersion": manifest.get("apiVersion"),
-            "kind": manifest.get("kind"),
-            "metadata": {"name": written.name_any()},
-        });
-        self.write(
-            || format!("{} (releasing the legacy field manager)", action()),
-            api.patch(
-                &written.name_any(),
-                &PatchParams::apply(LEGACY_FIELD_MANAGER),
-                &Patch::Apply(&empty),
-            ),
-        )
-        .await?;
-        tracing::info!(object = %written.name_any(), "migrated from the shared field manager {LEGACY_FIELD_MANAGER:?} to {:?}", self.manager);
-        Ok(())
     }
 
     /// Deletes an observed child that is no longer desired, only if it is still the
@@ -448,25 +415,7 @@ impl ClusterWrites {
         parent: &DynamicObject,
         status: &Value,
     ) -> Result<DynamicObject> {
-        let written = self.apply_status(parent, status, &self.manager).await?;
-        if has_manager(&written, LEGACY_FIELD_MANAGER) {
-            let empty = json!({
-                "apiVersion": self.parent.api_version,
-                "kind": self.parent.kind,
-                "metadata": {"name": parent.name_any()},
-            });
-            return self
-                .write(
-                    || "write status (releasing the legacy field manager)".into(),
-                    self.parent_api(parent).patch_status(
-                        &parent.name_any(),
-                        &PatchParams::apply(LEGACY_FIELD_MANAGER),
-                        &Patch::Apply(&empty),
-                    ),
-                )
-                .await;
-        }
-        Ok(written)
+        self.apply_status(parent, status, &self.manager).await
     }
 
     /// Writes only `status.conditions` (a failure report), with the plugin's report
@@ -585,15 +534,6 @@ impl ClusterWrites {
             tracing::warn!(reason = %event.reason, "{e}");
         }
     }
-}
-
-/// Whether `obj` has fields owned by `manager` through server-side apply.
-fn has_manager(obj: &DynamicObject, manager: &str) -> bool {
-    obj.metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .any(|m| m.manager.as_deref() == Some(manager) && m.operation.as_deref() == Some("Apply"))
 }
 
 #[cfg(test)]
@@ -814,28 +754,6 @@ mod tests {
         assert_eq!(calls.summary(), [format!("PATCH {CM}")]);
         let apply = &calls.all()[0];
         assert!(apply.has_query("force=true") && !is_create_only(apply));
-    }
-
-    #[tokio::test]
-    async fn the_legacy_shared_manager_is_released_after_the_plugins_apply() {
-        let (writes, calls) = fake(|call: &Call| {
-            let legacy = json!([{"manager": "capstan", "operation": "Apply"},
-                                {"manager": "capstan/widget", "operation": "Apply"}]);
-            fake_api::applied(&call.body, legacy)
-        });
-        writes
-            .apply_child(&configmaps(), &parent(), &child("c"), true)
-            .await
-            .unwrap();
-        let all = calls.all();
-        assert_eq!(all.len(), 2, "{:?}", calls.summary());
-        assert!(all[0].has_query("fieldManager=capstan%2Fwidget"));
-        assert!(all[1].has_query("fieldManager=capstan"), "{}", all[1].query);
-        assert_eq!(
-            all[1].body,
-            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}),
-            "an empty apply releases exactly what the old manager alone held"
-        );
     }
 
     #[tokio::test]
