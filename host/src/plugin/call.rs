@@ -25,10 +25,14 @@ use wasmtime::{Store, Trap};
 
 use super::bindings::{self, PluginPre};
 use super::engine::EPOCH_TICK;
+use super::engine::Sandbox;
+use super::error::CallError;
 use super::error::one_line;
 use super::limits::Limits;
+use super::limits::LimitsFile;
 use super::state::{self, CallState};
-use super::{CallError, LimitsFile, Outcome, Sandbox, cache, cpu};
+use super::stats::Outcome;
+use super::{cache, cpu};
 use crate::contract::{Desired, FinalizeResult, Observed, PluginError, PluginInfo};
 
 /// A loaded, described plugin. Cheap to clone; every call runs in a fresh instance.

@@ -10,10 +10,11 @@ use std::time::Duration;
 use wasmtime::Engine;
 use wasmtime::component::Linker;
 
+use super::error::SandboxError;
 use super::error::one_line;
 use super::state::CallState;
 use super::stats::SandboxMetrics;
-use super::{SandboxError, bindings, cpu};
+use super::{bindings, cpu};
 
 /// How often the engine's epoch advances: a running guest yields at every tick.
 pub(super) const EPOCH_TICK: Duration = Duration::from_millis(10);

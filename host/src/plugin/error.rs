@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::CONTRACT_VERSION;
+use super::bindings::CONTRACT_VERSION;
 
 /// Why a plugin file could not be loaded.
 #[derive(Debug, thiserror::Error)]

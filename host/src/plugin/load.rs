@@ -9,15 +9,17 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::bindings::PluginPre;
+use super::bindings::{CONTRACT_VERSION, PluginPre};
+use super::cache;
+use super::call::Plugin;
 use super::call::{PluginInner, SlowUntil};
+use super::engine::Sandbox;
+use super::error::LoadError;
 use super::error::one_line;
 use super::limits::Limits;
-use super::{LimitsFile, LoadError, Plugin, Sandbox, cache};
+use super::limits::LimitsFile;
 use crate::contract::PluginInfo;
 
-/// The contract version this host speaks, as in `wit/capstan.wit`.
-pub const CONTRACT_VERSION: &str = "0.1.0";
 const EXPORT_PREFIX: &str = "capstan:plugin/reconciler@";
 
 impl Sandbox {

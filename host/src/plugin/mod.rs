@@ -26,9 +26,10 @@ mod load;
 mod state;
 mod stats;
 
+pub use bindings::CONTRACT_VERSION;
 pub use call::Plugin;
 pub use engine::{DEFAULT_INSTANCES, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError, SandboxError};
 pub use limits::{LimitsError, LimitsFile};
-pub use load::{CONTRACT_VERSION, sha256_hex};
+pub use load::sha256_hex;
 pub use stats::{Outcome, SandboxMetrics, SandboxSummary};
