@@ -13,9 +13,6 @@ use crate::validate::{self, Violation};
 
 /// Field manager of the host's own writes that belong to no plugin (CRDs).
 pub const HOST_FIELD_MANAGER: &str = "capstan";
-/// The one field manager every write used before each plugin got its own; objects that
-/// still carry it are migrated on their next write (see `operator::cluster`).
-pub const LEGACY_FIELD_MANAGER: &str = "capstan";
 /// Value of [`MANAGED_BY_LABEL`] on every child: the children's watch caches select it.
 pub const MANAGED_BY: &str = "capstan";
 /// Label the host sets on every child.

@@ -3,6 +3,9 @@
 
 use crate::contract;
 
+/// The contract version this host speaks, as in `wit/capstan.wit`.
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
 // Exports are async: every call runs on a fiber that yields to the sandbox runtime at
 // each epoch tick, so that a host-side timeout can end it whatever the guest does
 // (busy loop, WASI sleep, poll). The `log` import stays synchronous: it never blocks.

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::SandboxConfig;
 use super::cpu::CpuBudget;
+use super::engine::SandboxConfig;
 
 /// What a limits file may say. Every field is optional: absent, the sandbox's value.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

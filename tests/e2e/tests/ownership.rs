@@ -1,7 +1,6 @@
 //! The ownership rules under `capstan run` on the real local control plane: an object the
 //! parent does not control is never written, adopted or deleted on a plugin's word; an
-//! object adopts only with its own consent; children written by the old shared field
-//! manager are migrated; a removed plugin leaves no finalizer that nothing will remove.
+//! object adopts only with its own consent; a removed plugin leaves no finalizer that nothing will remove.
 
 use std::time::Duration;
 
@@ -169,70 +168,6 @@ async fn a_user_object_with_a_child_name_is_never_taken_and_adopts_only_by_conse
     )
     .await
     .unwrap();
-}
-
-#[tokio::test]
-async fn children_written_by_the_shared_field_manager_are_migrated_to_the_plugins() {
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "migrate").await;
-    let widgets = test_kind("Widget", "widgets");
-    // The operator installs the CRD; the parent is created before the old-style child.
-    let op = Operator::start(&ns.name, &[&test_plugin("widget")], &[]).await;
-    let api = parents(&client, &ns.name, &widgets);
-    let parent = create_object(&api, &widgets, "m", json!({"count": 0})).await;
-    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
-    wait_for("m reconciled", T, || async {
-        Ok(
-            (ready_condition(&api.get("m").await?).map(|r| r.0) == Some("True".into()))
-                .then_some(()),
-        )
-    })
-    .await
-    .unwrap();
-    // A child as the previous host wrote it: field manager `capstan`, with a data key
-    // the plugin does not want (it only ever sets `message`).
-    let legacy = json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {
-            "name": "m-0",
-            "labels": {"app.kubernetes.io/managed-by": "capstan", "capstan.dev/plugin": "widget"},
-            "ownerReferences": [{
-                "apiVersion": "test.capstan.dev/v1", "kind": "Widget", "name": "m",
-                "uid": parent.metadata.uid, "controller": true, "blockOwnerDeletion": true,
-            }],
-        },
-        "data": {"message": "old", "stale": "left by an older plugin version"},
-    });
-    cms.patch(
-        "m-0",
-        &PatchParams::apply("capstan").force(),
-        &Patch::Apply(&legacy),
-    )
-    .await
-    .unwrap();
-    api.patch(
-        "m",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"count": 1, "message": "new"}})),
-    )
-    .await
-    .unwrap();
-    let cm = wait_for("m-0 migrated to capstan/widget", T, || async {
-        let cm = cms.get("m-0").await?;
-        let m = managers(&cm);
-        Ok(
-            (m.contains(&"capstan/widget".to_string()) && !m.contains(&"capstan".to_string()))
-                .then_some(cm),
-        )
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
-    let data = cm.data.unwrap();
-    assert_eq!(data["message"], "new");
-    assert!(
-        !data.contains_key("stale"),
-        "the field nothing wants any more is gone: {data:?}"
-    );
 }
 
 #[tokio::test]
