@@ -176,6 +176,9 @@ fn test(args: &[String]) -> Result<()> {
             .env("CAPSTAN_PLUGIN_DIR", &built.plugins)
             .env("CAPSTAN_TEST_PLUGIN_DIR", &built.test_plugins)
             .env("CAPSTAN_COMPONENT_PLUGIN", &component_plugin)
+            // The fake-tier churn at the size (`cargo test -p capstan` alone
+            // churns 300 parents, to stay within seconds).
+            .env("CAPSTAN_CHURN_PARENTS", "10000")
             .env("CAPSTAN_BIN", target_dir().join("debug/capstan"))
             .env("CAPSTAN_KUBECTL", cluster.bin_dir.join("kubectl"))
             // What the fault tests need to restart components and read the audit log.
