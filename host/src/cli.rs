@@ -389,12 +389,38 @@ async fn kube_client(
             .with_context(|| format!("{user_agent:?} is not a valid user agent"))?,
     ));
     let client = kube::Client::try_from(config)?;
-    let version = client
-        .apiserver_version()
-        .await
-        .context("cannot reach the API server")?;
+    let version = reach_api_server(&client).await?;
     tracing::info!(version = %version.git_version, "connected to the API server");
     Ok(client)
+}
+
+/// How long `capstan run` keeps trying to reach the API server at start.
+const API_SERVER_WAIT: Duration = Duration::from_secs(60);
+
+/// The API server's version, asked again with backoff while it cannot be reached, for
+/// up to [`API_SERVER_WAIT`]: a host started while the control plane restarts (an
+/// upgrade, a node drain) waits for it instead of exiting into a crash loop.
+async fn reach_api_server(
+    client: &kube::Client,
+) -> Result<k8s_openapi::apimachinery::pkg::version::Info> {
+    let started = std::time::Instant::now();
+    let mut wait = Duration::from_millis(250);
+    loop {
+        match client.apiserver_version().await {
+            Ok(version) => return Ok(version),
+            Err(e) if started.elapsed() + wait < API_SERVER_WAIT => {
+                tracing::warn!("cannot reach the API server yet, retrying in {wait:?}: {e}");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "cannot reach the API server (tried for {}s)",
+                    started.elapsed().as_secs()
+                )));
+            }
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -85,9 +85,21 @@ async fn a_burst_of_spec_changes_never_deletes_a_child_still_wanted() {
         .await
         .unwrap();
     }
-    wait_for("the children of count 2", T, || async {
-        Ok((names(&cms.list(&mine).await?.items) == ["b-0", "b-1"]).then_some(()))
-    })
+    // The last spec reconciled (its generation observed, the children it saw listed in
+    // its status), not a moment of the burst whose children happen to match.
+    wait_for(
+        "the children of count 2, the last spec reconciled",
+        T,
+        || async {
+            let parent = api.get("b").await?;
+            let reconciled = parent.data.pointer("/status/observedGeneration")
+                == parent.metadata.generation.map(Value::from).as_ref()
+                && parent.data.pointer("/status/observedConfigMaps")
+                    == Some(&json!(["b-0", "b-1"]));
+            let children = names(&cms.list(&mine).await?.items) == ["b-0", "b-1"];
+            Ok((reconciled && children).then_some(()))
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
     holds_for(

@@ -1,0 +1,101 @@
+//! `capstan run` at start, before any cluster work: an API server that is not there yet.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A host started while the API server is down (a control plane restarting) waits for
+/// it instead of exiting: the server appears a second later, on the same port, and the
+/// host connects to it.
+#[test]
+fn run_waits_for_an_api_server_that_is_not_up_yet() {
+    let port = {
+        // A free port, closed again: nothing listens there until the "server" starts.
+        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let mut host = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args(["run", "--plugins", plugins.to_str().unwrap()])
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("CAPSTAN_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run capstan");
+    // Every log line, as it comes (the host logs to stdout or stderr).
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    for out in [
+        Box::new(host.stdout.take().unwrap()) as Box<dyn Read + Send>,
+        Box::new(host.stderr.take().unwrap()),
+    ] {
+        let tx = lines_tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    drop(lines_tx);
+    let mut log = Vec::new();
+    let wait_for = |needle: &str, log: &mut Vec<String>| {
+        while let Ok(line) = lines.recv_timeout(Duration::from_secs(60)) {
+            let found = line.contains(needle);
+            log.push(line);
+            if found {
+                return true;
+            }
+        }
+        false
+    };
+    assert!(
+        wait_for("cannot reach the API server yet", &mut log),
+        "no retry logged: {log:#?}"
+    );
+    // The API server comes up: it answers /version, and nothing else is asked here.
+    let server = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        for stream in server.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = [0u8; 4096];
+            let n = stream.read(&mut request).unwrap_or(0);
+            let head = String::from_utf8_lossy(&request[..n]).into_owned();
+            let (status, body) = if head.starts_with("GET /version") {
+                (
+                    "200 OK",
+                    r#"{"major":"1","minor":"37","gitVersion":"v1.37.2","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":"linux/amd64"}"#,
+                )
+            } else {
+                (
+                    "404 Not Found",
+                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":404}"#,
+                )
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let connected = wait_for("connected to the API server", &mut log);
+    let _ = host.kill();
+    let _ = host.wait();
+    assert!(
+        connected,
+        "the host did not connect once the server was up: {log:#?}"
+    );
+}
