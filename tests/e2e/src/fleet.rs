@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 
-use crate::objects::{ready_condition, test_kind, uuid_kind};
+use crate::objects::{postgres_kind, ready_condition, test_kind, uuid_kind};
 
 /// The label of the Widget test plugin's children.
 pub const WIDGET_LABEL: &str = "capstan.dev/plugin=widget";
@@ -18,17 +18,6 @@ pub const WIDGET_LABEL: &str = "capstan.dev/plugin=widget";
 /// The Widget test kind.
 pub fn widget_kind() -> ApiResource {
     test_kind("Widget", "widgets")
-}
-
-/// The PostgreSQLCluster kind of the shipped plugin.
-pub fn postgres_kind() -> ApiResource {
-    ApiResource {
-        group: "db.example.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "db.example.com/v1alpha1".into(),
-        kind: "PostgreSQLCluster".into(),
-        plural: "postgresqlclusters".into(),
-    }
 }
 
 /// Runs `request` until it succeeds, for up to `timeout`: for requests made while the

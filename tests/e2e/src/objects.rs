@@ -32,6 +32,17 @@ pub fn uuid_kind() -> ApiResource {
     }
 }
 
+/// The PostgreSQLCluster kind of the shipped plugin.
+pub fn postgres_kind() -> ApiResource {
+    ApiResource {
+        group: "db.example.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "db.example.com/v1alpha1".into(),
+        kind: "PostgreSQLCluster".into(),
+        plural: "postgresqlclusters".into(),
+    }
+}
+
 /// Creates an object of kind `ar` with `spec`, retrying for up to a minute while its
 /// CRD is still being installed by the operator.
 pub async fn create_object(

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use capstan_e2e::control_plane::{AuditEvent, ControlPlane, await_api_ready};
-use capstan_e2e::fleet::{self, Fleet, Survey, WIDGET_LABEL, postgres_kind, retried, widget_kind};
-use capstan_e2e::objects::{test_kind, uuid_kind};
+use capstan_e2e::fleet::{self, Fleet, Survey, WIDGET_LABEL, retried, widget_kind};
+use capstan_e2e::objects::{postgres_kind, test_kind, uuid_kind};
 use capstan_e2e::operator::{Operator, plugin, test_plugin};
 use capstan_e2e::{in_test_namespace, wait_for};
 use futures::{StreamExt, TryStreamExt};

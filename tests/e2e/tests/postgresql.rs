@@ -8,31 +8,20 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::runtime::watcher;
 
+use capstan_e2e::objects::postgres_kind;
 use capstan_e2e::operator::{Operator, plugin};
 use capstan_e2e::{TestNamespace, client, holds_for, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(120);
 
-fn pgc_ar() -> ApiResource {
-    ApiResource {
-        group: "db.example.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "db.example.com/v1alpha1".into(),
-        kind: "PostgreSQLCluster".into(),
-        plural: "postgresqlclusters".into(),
-    }
-}
-
 fn pgc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &pgc_ar())
+    Api::namespaced_with(client.clone(), ns, &postgres_kind())
 }
 
 async fn patch_spec(client: &Client, ns: &str, spec: Value) {
