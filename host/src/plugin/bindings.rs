@@ -18,6 +18,9 @@ wasmtime::component::bindgen!({
 pub use self::capstan::plugin::log::{Host as LogHost, Level};
 use self::capstan::plugin::types as wit;
 
+/// What a plugin observes, as the WIT interface carries it.
+pub type WitObserved = wit::Observed;
+
 impl From<wit::KindRef> for contract::KindRef {
     fn from(k: wit::KindRef) -> Self {
         contract::KindRef {

@@ -143,16 +143,7 @@ impl Plugin {
         observed: &Observed,
     ) -> Result<Result<Desired, PluginError>, CallError> {
         let observed = bindings::observed_to_wit(observed);
-        self.spawn(|plugin| async move {
-            plugin
-                .call(
-                    async |guest, store| guest.call_reconcile(store, &observed).await,
-                    answer_outcome,
-                )
-                .await
-                .map(|r| r.map(Into::into).map_err(Into::into))
-        })
-        .await
+        self.spawn(|plugin| plugin.reconcile_call(observed)).await
     }
 
     /// Calls `finalize` in a fresh instance, on the sandbox's runtime.
@@ -161,16 +152,7 @@ impl Plugin {
         observed: &Observed,
     ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
         let observed = bindings::observed_to_wit(observed);
-        self.spawn(|plugin| async move {
-            plugin
-                .call(
-                    async |guest, store| guest.call_finalize(store, &observed).await,
-                    answer_outcome,
-                )
-                .await
-                .map(|r| r.map(Into::into).map_err(Into::into))
-        })
-        .await
+        self.spawn(|plugin| plugin.finalize_call(observed)).await
     }
 
     /// [`Plugin::reconcile_async`] for a thread that runs no async code (the command
@@ -180,15 +162,7 @@ impl Plugin {
         observed: &Observed,
     ) -> Result<Result<Desired, PluginError>, CallError> {
         let observed = bindings::observed_to_wit(observed);
-        self.blocking(|plugin| async move {
-            plugin
-                .call(
-                    async |guest, store| guest.call_reconcile(store, &observed).await,
-                    answer_outcome,
-                )
-                .await
-                .map(|r| r.map(Into::into).map_err(Into::into))
-        })
+        self.blocking(|plugin| plugin.reconcile_call(observed))
     }
 
     /// [`Plugin::finalize_async`] for a thread that runs no async code.
@@ -197,15 +171,34 @@ impl Plugin {
         observed: &Observed,
     ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
         let observed = bindings::observed_to_wit(observed);
-        self.blocking(|plugin| async move {
-            plugin
-                .call(
-                    async |guest, store| guest.call_finalize(store, &observed).await,
-                    answer_outcome,
-                )
-                .await
-                .map(|r| r.map(Into::into).map_err(Into::into))
-        })
+        self.blocking(|plugin| plugin.finalize_call(observed))
+    }
+
+    /// One `reconcile` call, its answer in the host's types; [`Plugin::spawn`] or
+    /// [`Plugin::blocking`] decides where it runs.
+    async fn reconcile_call(
+        self,
+        observed: bindings::WitObserved,
+    ) -> Result<Result<Desired, PluginError>, CallError> {
+        self.call(
+            async |guest, store| guest.call_reconcile(store, &observed).await,
+            answer_outcome,
+        )
+        .await
+        .map(|r| r.map(Into::into).map_err(Into::into))
+    }
+
+    /// One `finalize` call, its answer in the host's types.
+    async fn finalize_call(
+        self,
+        observed: bindings::WitObserved,
+    ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
+        self.call(
+            async |guest, store| guest.call_finalize(store, &observed).await,
+            answer_outcome,
+        )
+        .await
+        .map(|r| r.map(Into::into).map_err(Into::into))
     }
 
     /// Runs `call` for an async caller and awaits it. Should the caller stop waiting,
