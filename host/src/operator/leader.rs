@@ -71,7 +71,7 @@ pub struct WriteFence {
 }
 
 impl WriteFence {
-    /// A fence that starts shut and opens on [`WriteFence::renewed`].
+    /// A fence that starts shut and opens with each successful renewal of the lease.
     pub fn for_leader_election() -> Self {
         WriteFence {
             until: Some(Arc::new(Mutex::new(Instant::now()))),

@@ -229,7 +229,7 @@ struct FileState {
 }
 
 impl PluginRegistry {
-    /// An empty registry; [`PluginRegistry::run`] fills it.
+    /// An empty registry; [`PluginRegistry::run_until`] fills it.
     pub fn new(
         client: Client,
         sandbox: Sandbox,
