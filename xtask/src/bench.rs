@@ -17,7 +17,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{BuiltPlugins, build_host, build_plugins, cargo, cluster, run_cmd, target_dir};
+use crate::{BuiltPlugins, build_host, build_plugins, build_release, cluster, run_cmd, target_dir};
 
 const USAGE: &str = "usage: cargo xtask bench [--quick] [-- DRIVER-ARGS…]
 
@@ -49,7 +49,11 @@ pub fn main(args: &[String]) -> Result<()> {
     let out = out_dir(quick);
     run_cmd(&mut bins.sandbox(&built, &out, quick))?;
     let state_dir = target_dir().join("bench-cluster");
-    let cluster = cluster::up(&cluster::UpOptions::default().state_dir(&state_dir))?;
+    // kwok's nodes only: the benchmarks' hundreds of Pods must not run for real.
+    let options = cluster::UpOptions::default()
+        .state_dir(&state_dir)
+        .node(cluster::NodeChoice::Kwok);
+    let cluster = cluster::up(&options)?;
     let result = run_cmd(bins.driver(&cluster, &built, &out, quick).args(driver_args));
     let stopped = cluster::down(&cluster.state_dir);
     result?;
@@ -94,18 +98,7 @@ impl Binaries {
 
     /// The release build: what the figures are about.
     fn release() -> Result<Self> {
-        run_cmd(cargo().args([
-            "build",
-            "--release",
-            "--package",
-            "capstan",
-            "--package",
-            "capstan-bench",
-            "--bins",
-            "--example",
-            "sandbox_bench",
-        ]))?;
-        Ok(Self::in_dir(&target_dir().join("release")))
+        Ok(Self::in_dir(&build_release()?))
     }
 
     /// The debug build `cargo xtask test` makes anyway (`cargo test --no-run` builds

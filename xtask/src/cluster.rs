@@ -3,12 +3,15 @@
 //! etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake kubelets)
 //! are built from pinned Go modules (see [`binaries`]) and run as detached processes on
 //! 127.0.0.1 only, with one state directory per cluster holding credentials, etcd data,
-//! logs, ports and PIDs. Two clusters with different state directories run side by side.
-//! `docs/control-plane.md` is the user's guide.
+//! logs, ports and PIDs. Where the machine allows it, a real node runs beside them in
+//! namespaces of its own ([`node`]). Two clusters with different state directories run
+//! side by side. `docs/control-plane.md` is the user's guide.
 
 mod binaries;
 mod bootstrap;
+mod cgroups;
 mod components;
+mod node;
 mod process;
 mod state;
 
@@ -22,13 +25,16 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use binaries::{cache_dir, ensure_binaries};
+pub use binaries::{cache_dir, ensure_binaries, ensure_helm};
 use bootstrap::Kubectl;
+use node::NodePlan;
+pub use node::{HostSnapshot, NODE_NAME, NodeChoice, import_image};
 use process::Process;
 pub use process::signal;
 use state::{Ports, StateDir};
 
-const USAGE: &str = "usage: cargo xtask cluster <command> [--state-dir DIR] [--nodes N]
+const USAGE: &str =
+    "usage: cargo xtask cluster <command> [--state-dir DIR] [--nodes N] [--node KIND]
 
 commands:
   up       build or reuse the binaries, start a cluster, print `export KUBECONFIG=…`
@@ -37,13 +43,24 @@ commands:
   restart COMPONENT
            stop one component (SIGTERM, then SIGKILL) and start it again with the
            command line it had; returns once it works again (kube-apiserver: /readyz)
-  build    build the binaries into the cache (if missing) and print the bin directory
+  build    build the binaries (control plane and node) into the cache if missing, and
+           print the two bin directories
+  import FILE.tar
+           import an image tar (OCI layout or `docker save`) into the real node
   pin      regenerate tests/control-plane's Go modules from the pinned versions
+  selftest start a cluster with a real node, kill -9 all its recorded processes (a
+           crash), start it again (which must clean up and work), stop it, and check
+           that the machine is as it was: no mount, cgroup, veth, process, iptables rule
+           or sysctl change left
 
 options:
   --state-dir DIR   the cluster's state directory (default: $CAPSTAN_CLUSTER_DIR, else
                     target/cluster in the workspace)
   --nodes N         fake nodes to start with (up only; default 1)
+  --node KIND       up only: `real` (a kubelet, containerd, kube-proxy and CoreDNS in
+                    namespaces of their own, beside the fake nodes), `kwok` (fake nodes
+                    only), or `auto` (default: real where the machine allows it, else kwok,
+                    saying why); default $CAPSTAN_NODE, else auto
 ";
 
 /// How long SIGTERM gets before SIGKILL on `down`.
@@ -58,6 +75,8 @@ pub struct UpOptions {
     pub nodes: usize,
     /// How long each readiness step may take before `up` gives up.
     pub step_timeout: Duration,
+    /// Whether to run a real node; `None`: `$CAPSTAN_NODE`, else [`NodeChoice::Auto`].
+    pub node: Option<NodeChoice>,
 }
 
 impl Default for UpOptions {
@@ -66,6 +85,7 @@ impl Default for UpOptions {
             state_dir: default_state_dir(),
             nodes: 1,
             step_timeout: Duration::from_secs(90),
+            node: None,
         }
     }
 }
@@ -93,6 +113,12 @@ impl UpOptions {
         self.nodes = nodes.max(1);
         self
     }
+
+    /// Chooses whether to run a real node.
+    pub fn node(mut self, node: NodeChoice) -> Self {
+        self.node = Some(node);
+        self
+    }
 }
 
 /// A running cluster.
@@ -104,6 +130,8 @@ pub struct Cluster {
     pub state_dir: PathBuf,
     /// The control-plane binaries, `kubectl` among them.
     pub bin_dir: PathBuf,
+    /// Whether the cluster has a real node ([`node::NODE_NAME`]) besides kwok's.
+    pub real_node: bool,
 }
 
 /// `$CAPSTAN_CLUSTER_DIR`, else `target/cluster` in the workspace.
@@ -120,7 +148,8 @@ fn workspace_dir() -> PathBuf {
 
 /// Starts a cluster in `opts.state_dir` and returns once it is usable: `/readyz` is ok,
 /// every fake node is Ready, and the controller-manager has made the `default`
-/// ServiceAccount in `default`.
+/// ServiceAccount in `default`; with a real node, also that node is Ready, CoreDNS
+/// answers and the volume provisioner runs.
 ///
 /// If that directory already holds a running cluster, returns it as it is. If it holds
 /// a dead one, replaces it. On failure, stops whatever it started, keeps the logs, and
@@ -128,10 +157,11 @@ fn workspace_dir() -> PathBuf {
 pub fn up(opts: &UpOptions) -> Result<Cluster> {
     let bin_dir = ensure_binaries()?;
     let state = StateDir::new(&opts.state_dir);
-    let cluster = Cluster {
+    let mut cluster = Cluster {
         kubeconfig: state.kubeconfig(),
         state_dir: state.root().to_path_buf(),
         bin_dir: bin_dir.clone(),
+        real_node: node::describe(&state).is_some(),
     };
     if state.exists() {
         let processes = state.processes()?;
@@ -149,8 +179,21 @@ pub fn up(opts: &UpOptions) -> Result<Cluster> {
         }
     }
     let started = Instant::now();
+    let choice = match opts.node {
+        Some(choice) => choice,
+        None => NodeChoice::from_env()?,
+    };
+    // Before the old state goes: what a crashed node left is found by its directory.
+    if node::remove_node(&node::cluster_id(&state))? {
+        eprintln!("cluster: removed the processes and cgroups an earlier node left");
+    }
+    let plan = match choice.resolve(&state)? {
+        true => Some(NodePlan::prepare(&state)?),
+        false => None,
+    };
+    cluster.real_node = plan.is_some();
     state.create()?;
-    if let Err(err) = start(&bin_dir, &state, opts) {
+    if let Err(err) = start(&bin_dir, &state, opts, plan.as_ref()) {
         stop_all(&state);
         return Err(err.context(format!(
             "cluster up failed; logs kept in {} (`cargo xtask cluster down{}` removes them)",
@@ -162,11 +205,20 @@ pub fn up(opts: &UpOptions) -> Result<Cluster> {
     Ok(cluster)
 }
 
-fn start(bin: &Path, state: &StateDir, opts: &UpOptions) -> Result<()> {
+fn start(bin: &Path, state: &StateDir, opts: &UpOptions, plan: Option<&NodePlan>) -> Result<()> {
     let ports = Ports::pick()?;
     state.write_ports(&ports)?;
     fs::write(state.audit_policy(), components::AUDIT_POLICY).context("write the audit policy")?;
-    run_once("capstan-pki", components::pki(bin, state, &ports))?;
+    let node_ip = plan.map(|p| p.net.node_ip.to_string());
+    let node_server = plan.map(|p| p.apiserver_url(&ports));
+    let node_credentials = node_ip
+        .as_deref()
+        .zip(node_server.as_deref())
+        .map(|(ip, server)| (node::NODE_NAME, ip, server));
+    run_once(
+        "capstan-pki",
+        components::pki(bin, state, &ports, node_credentials),
+    )?;
     fs::copy(state.component_kubeconfig("admin"), state.kubeconfig())
         .context("copy the admin kubeconfig")?;
     let kubectl = Kubectl::new(bin, &state.kubeconfig());
@@ -180,7 +232,10 @@ fn start(bin: &Path, state: &StateDir, opts: &UpOptions) -> Result<()> {
     run.wait("etcd", "/health", || {
         bootstrap::etcd_healthy(ports.etcd_client)
     })?;
-    run.spawn("kube-apiserver", components::apiserver(bin, state, &ports))?;
+    run.spawn(
+        "kube-apiserver",
+        components::apiserver(bin, state, &ports, node_ip.as_deref()),
+    )?;
     run.wait("kube-apiserver", "/readyz", || kubectl.apiserver_ready())?;
 
     run.spawn(
@@ -189,7 +244,10 @@ fn start(bin: &Path, state: &StateDir, opts: &UpOptions) -> Result<()> {
     )?;
     run.spawn("kube-scheduler", components::scheduler(bin, state, &ports))?;
     run.spawn("kwok", components::kwok(bin, state, &ports))?;
-    kubectl.create(&bootstrap::seed_manifest(opts.nodes, state))?;
+    kubectl.create(&bootstrap::seed_manifest(opts.nodes, state, plan.is_some()))?;
+    if let Some(plan) = plan {
+        kubectl.create(&node::seed_manifest(plan))?;
+    }
 
     let nodes: Vec<String> = (0..opts.nodes).map(bootstrap::node_name).collect();
     run.wait("kwok", "Ready nodes", || kubectl.nodes_ready(&nodes))?;
@@ -204,6 +262,15 @@ fn start(bin: &Path, state: &StateDir, opts: &UpOptions) -> Result<()> {
         ("kwok", ports.kwok),
     ] {
         run.wait(component, "its port", || bootstrap::listening(port))?;
+    }
+    if let Some(plan) = plan {
+        let started = Instant::now();
+        node::start(&mut run, plan, &ports, &kubectl)?;
+        eprintln!(
+            "cluster: real node {} ready after {:.1?}",
+            node::NODE_NAME,
+            started.elapsed()
+        );
     }
     Ok(())
 }
@@ -289,6 +356,9 @@ pub fn down(state_dir: &Path) -> Result<()> {
         eprintln!("cluster: nothing in {}", state_dir.display());
         return Ok(());
     }
+    // The node first, all at once by its cgroup (containers and shims included): it
+    // keeps nothing worth a graceful stop.
+    node::remove_node(&node::cluster_id(&state))?;
     for process in state.processes()?.iter().rev() {
         process.stop(STOP_GRACE)?;
     }
@@ -330,7 +400,12 @@ pub fn restart(state_dir: &Path, component: &str, timeout: Duration) -> Result<(
             .ports()
             .into_iter()
             .find_map(|(n, port)| (n == name).then_some(port))
-            .with_context(|| format!("no port recorded for {name}"))
+            .with_context(|| {
+                format!(
+                    "{name} has no port to tell that it works again: `restart` is for the \
+                     control plane (the real node restarts with `down` and `up`)"
+                )
+            })
     };
     let ready: Box<dyn Fn() -> bool> = match component {
         "etcd" => {
@@ -376,6 +451,9 @@ pub fn restart(state_dir: &Path, component: &str, timeout: Duration) -> Result<(
 
 /// Best effort after a failed start: stop what was started, keep the logs.
 fn stop_all(state: &StateDir) {
+    if let Err(err) = node::remove_node(&node::cluster_id(state)) {
+        eprintln!("cluster: {err:#}");
+    }
     for process in state.processes().unwrap_or_default().iter().rev() {
         if let Err(err) = process.stop(STOP_GRACE) {
             eprintln!("cluster: {err:#}");
@@ -416,12 +494,84 @@ pub fn status(state_dir: &Path) -> Result<()> {
         );
     }
     let running = processes.iter().filter(|p| p.is_running()).count();
+    if let Some(node) = node::describe(&state) {
+        println!("  {node}");
+    }
     println!(
         "  {running}/{} processes running; logs in {}",
         processes.len(),
         state.logs().display()
     );
     println!("  export KUBECONFIG={}", state.kubeconfig().display());
+    Ok(())
+}
+
+/// `cluster selftest`: up with a real node, a crash (SIGKILL to every recorded process),
+/// up again, down; then the machine must be as before.
+fn selftest(opts: &UpOptions) -> Result<()> {
+    let state_dir = &opts.state_dir;
+    if StateDir::new(state_dir).exists() {
+        bail!(
+            "{} holds a cluster; selftest wants a directory of its own",
+            state_dir.display()
+        );
+    }
+    let before = HostSnapshot::take(state_dir)?;
+    let opts = opts.clone().node(NodeChoice::Real);
+    let cluster = up(&opts)?;
+    // A running container, so that the crash leaves a shim and a container process
+    // behind, which no PID file names.
+    let kubectl = Kubectl::new(&cluster.bin_dir, &cluster.kubeconfig);
+    kubectl.run(&[
+        "run",
+        "selftest",
+        &format!("--image={}", node::PROBE_IMAGE),
+        "--image-pull-policy=Never",
+        "--restart=Never",
+    ])?;
+    kubectl.run(&[
+        "wait",
+        "pod/selftest",
+        "--for=condition=Ready",
+        "--timeout=60s",
+    ])?;
+    let state = StateDir::new(state_dir);
+    let processes = state.processes()?;
+    eprintln!(
+        "cluster selftest: killing all {} recorded processes (SIGKILL)",
+        processes.len()
+    );
+    let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+    process::signal_all(&pids, "KILL")?;
+    let started = Instant::now();
+    while processes.iter().any(Process::is_running) {
+        if started.elapsed() > Duration::from_secs(10) {
+            bail!("recorded processes survived SIGKILL");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let survivors: Vec<Process> = node::node_pids(&state)?
+        .into_iter()
+        .filter_map(|pid| Process::observe("node", pid))
+        .collect();
+    eprintln!(
+        "cluster selftest: after the crash, {} processes of the node live on (shims, \
+         containers, the pause and the probe)",
+        survivors.len()
+    );
+    up(&opts).context("up after a crash")?;
+    if let Some(survivor) = survivors.iter().find(|p| p.is_running()) {
+        bail!(
+            "process {} of the crashed node survived the next `up`",
+            survivor.pid
+        );
+    }
+    down(state_dir)?;
+    let changes = HostSnapshot::take(state_dir)?.changes_since(&before);
+    if !changes.is_empty() {
+        bail!("`down` left the machine changed:\n{}", changes.join("\n"));
+    }
+    eprintln!("cluster selftest: ok, the machine is as it was");
     Ok(())
 }
 
@@ -452,9 +602,20 @@ pub fn main(args: &[String]) -> Result<()> {
         }
         "build" => {
             println!("{}", ensure_binaries()?.display());
+            println!("{}", binaries::ensure_node_binaries()?.display());
+            println!("{}", binaries::ensure_helm()?.display());
             Ok(())
         }
         "pin" => binaries::pin(),
+        "selftest" => selftest(&opts),
+        "import" => {
+            let tar = operand
+                .as_deref()
+                .context("import needs an image tar, e.g. `cluster import image.tar`")?;
+            import_image(&opts.state_dir, Path::new(tar))?;
+            eprintln!("cluster: imported {tar} into {}", node::NODE_NAME);
+            Ok(())
+        }
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())
@@ -484,6 +645,7 @@ fn parse(args: &[String]) -> Result<(String, Option<String>, UpOptions)> {
                         .with_context(|| format!("--nodes {n}: not a number"))?,
                 );
             }
+            "--node" => opts = opts.node(NodeChoice::parse(&value("--node")?)?),
             flag if flag.starts_with("--state-dir=") => {
                 opts = opts.state_dir(&flag["--state-dir=".len()..]);
             }
@@ -491,7 +653,7 @@ fn parse(args: &[String]) -> Result<(String, Option<String>, UpOptions)> {
                 bail!("unknown option `{flag}`\n\n{USAGE}")
             }
             _ if command.is_none() => command = Some(arg.clone()),
-            _ if command.as_deref() == Some("restart") && operand.is_none() => {
+            _ if matches!(command.as_deref(), Some("restart" | "import")) && operand.is_none() => {
                 operand = Some(arg.clone());
             }
             _ => bail!("unexpected argument `{arg}`\n\n{USAGE}"),

@@ -30,8 +30,23 @@ pub fn main(args: &[String]) -> Result<()> {
 
     let built = build_plugins()?;
     build_host()?;
+    // A real node where the machine allows it (`cluster up` says in one line why not).
     let cluster = cluster::up(&cluster::UpOptions::default())?;
-    let result = demo(&cluster, &built.plugins, once, &interrupted);
+    let result = match cluster.real_node {
+        true => {
+            eprintln!(
+                "demo: the Pods run for real on node {} (containerd, runc, kubelet)",
+                cluster::NODE_NAME
+            );
+            // The PostgreSQL the samples ask for; capstan itself runs beside the cluster.
+            crate::image::build_and_import(&cluster.state_dir, false)
+        }
+        false => {
+            eprintln!("demo: no real node on this machine: kwok simulates the Pods");
+            Ok(())
+        }
+    };
+    let result = result.and_then(|()| demo(&cluster, &built.plugins, once, &interrupted));
     eprintln!("demo: stopping the cluster");
     let stopped = cluster::down(&cluster.state_dir);
     result.and(stopped)
@@ -52,15 +67,26 @@ fn demo(
     };
 
     let samples = root().join("crds/samples");
+    // No MySQL image is built here: on the real node its Pod would wait for one forever.
+    let applied: Vec<PathBuf> = ["uuid", "postgresqlcluster", "database", "database-mysql"]
+        .iter()
+        .filter(|name| !(cluster.real_node && **name == "database-mysql"))
+        .map(|name| samples.join(format!("{name}.yaml")))
+        .collect();
+    if cluster.real_node {
+        eprintln!(
+            "demo: not applying database-mysql.yaml: no mysql image is built for the real node"
+        );
+    }
+    let mut apply = vec!["apply"];
+    for file in &applied {
+        apply.extend(["-f", file.to_str().context("a sample's path is not UTF-8")?]);
+    }
     wait(
         "the sample resources to be accepted",
         Duration::from_secs(60),
         &mut capstan,
-        || {
-            Ok(kubectl
-                .run(&["apply", "-f", &samples.to_string_lossy()])
-                .is_ok())
-        },
+        || Ok(kubectl.run(&apply).is_ok()),
     )?;
     wait(
         "the Uuid to get its UUID",
@@ -81,18 +107,26 @@ fn demo(
     )?;
     if samples.join("postgresqlcluster.yaml").exists() {
         wait(
-            "the PostgreSQLCluster to be Running",
-            Duration::from_secs(180),
+            "the PostgreSQLCluster and the Database to be Running",
+            Duration::from_secs(300),
             &mut capstan,
             || {
-                let phases = kubectl.run(&[
-                    "get",
-                    "pgc",
-                    "-A",
-                    "-o",
-                    "jsonpath={.items[*].status.phase}",
-                ])?;
-                Ok(!phases.trim().is_empty() && phases.split_whitespace().all(|p| p == "Running"))
+                let mut phases = String::new();
+                for kind in ["pgc", "databases"] {
+                    let of_kind = kubectl.run(&[
+                        "get",
+                        kind,
+                        "-A",
+                        "-o",
+                        "jsonpath={.items[*].status.phase}",
+                    ])?;
+                    if of_kind.trim().is_empty() {
+                        return Ok(false);
+                    }
+                    phases.push_str(&of_kind);
+                    phases.push(' ');
+                }
+                Ok(phases.split_whitespace().all(|p| p == "Running"))
             },
         )?;
     }
@@ -102,6 +136,17 @@ fn demo(
     );
     if samples.join("postgresqlcluster.yaml").exists() {
         println!("$ kubectl get pgc\n{}", kubectl.run(&["get", "pgc", "-A"])?);
+        println!(
+            "$ kubectl get databases\n{}",
+            kubectl.run(&["get", "databases", "-A"])?
+        );
+        println!(
+            "$ kubectl get pods -o wide\n{}",
+            kubectl.run(&["get", "pods", "-o", "wide"])?
+        );
+        if cluster.real_node {
+            show_query(&kubectl, &mut capstan)?;
+        }
     }
     println!(
         "The cluster: export KUBECONFIG={}\nkubectl: {}\ncapstan's endpoints: http://{METRICS_ADDR}/metrics and /plugins",
@@ -119,6 +164,28 @@ fn demo(
         std::thread::sleep(Duration::from_millis(200));
     }
     capstan.stop()
+}
+
+/// One real query on the sample PostgreSQLCluster's primary, once both standbys stream.
+fn show_query(kubectl: &Kubectl, capstan: &mut Capstan) -> Result<()> {
+    const SQL: &str = "select 'PostgreSQL ' || current_setting('server_version') \
+        || ' on ' || host(inet_server_addr()) || ', standbys streaming: ' \
+        || (select count(*) from pg_stat_replication where state = 'streaming')";
+    let query = [
+        "exec", "demo-0", "-c", "postgres", "--", "psql", "-X", "-At", "-U", "postgres", "-c", SQL,
+    ];
+    let mut answer = String::new();
+    wait(
+        "both standbys of demo to stream",
+        Duration::from_secs(120),
+        capstan,
+        || {
+            answer = kubectl.run(&query)?.trim().to_owned();
+            Ok(answer.ends_with("streaming: 2"))
+        },
+    )?;
+    println!("$ kubectl exec demo-0 -c postgres -- psql -U postgres -c \"{SQL}\"\n{answer}\n");
+    Ok(())
 }
 
 /// Polls `check` until it holds, failing after `timeout` or if capstan dies.

@@ -1,12 +1,16 @@
 //! Build automation for Capstan, reached as `cargo xtask <command>`.
 //!
-//! Only the standard library, `anyhow` and `ctrlc`: the xtask must compile in seconds on
-//! a fresh machine, before anything else is built.
+//! Only the standard library, `anyhow`, `ctrlc` and, for images, `tar`, `flate2` and
+//! `sha2`: the xtask must compile in seconds on a fresh machine, before anything else is
+//! built.
 
 mod bench;
 mod cluster;
 mod demo;
+mod fixtures;
+mod image;
 mod js;
+mod oci;
 mod python;
 mod tools;
 
@@ -28,6 +32,10 @@ commands:
                            controller, scaling, memory, hot reload, restart, the sandbox
                            (docs/performance.md; results in target/bench/)
   cluster up|down|status   a real local Kubernetes control plane (built from Go modules)
+  image [capstan|postgres] [--import]
+                           container images without Docker (OCI tars in target/images/):
+                           capstan with the shipped plugins, and postgres for the
+                           PostgreSQL plugin; --import: into the local cluster's node
 ";
 
 /// Shipped plugins: (package, file name under target/plugins/).
@@ -41,6 +49,9 @@ const TEST_PLUGINS: &[(&str, &str)] = &[
     ("capstan-test-guard", "guard.wasm"),
     ("capstan-test-stall", "stall.wasm"),
     ("capstan-test-fickle", "fickle.wasm"),
+    ("capstan-test-mirror", "mirror.wasm"),
+    ("capstan-test-ticket", "ticket.wasm"),
+    ("capstan-test-pass", "pass.wasm"),
 ];
 
 fn main() {
@@ -62,6 +73,7 @@ fn run(args: &[String]) -> Result<()> {
         Some("test") => test(&args[1..]),
         Some("demo") => demo::main(&args[1..]),
         Some("bench") => bench::main(&args[1..]),
+        Some("image") => image::main(&args[1..]),
         Some("-h" | "--help") | None => {
             print!("{USAGE}");
             Ok(())
@@ -117,7 +129,7 @@ pub fn build_plugins() -> Result<BuiltPlugins> {
 }
 
 /// Builds the shipped plugins, and the test plugins too if `tests`.
-fn build_selected_plugins(tests: bool) -> Result<BuiltPlugins> {
+pub fn build_selected_plugins(tests: bool) -> Result<BuiltPlugins> {
     tools::ensure_wasm_targets()?;
     let mut cmd = cargo();
     cmd.args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"]);
@@ -142,6 +154,10 @@ fn build_selected_plugins(tests: bool) -> Result<BuiltPlugins> {
                 .with_context(|| format!("copy {}", from.display()))?;
         }
     }
+    if tests {
+        // The shipped plugins as built for contract 0.1.0, which the host still runs.
+        fixtures::build_contract_0_1(&built.test_plugins)?;
+    }
     python::build_plugins(&built.plugins)?;
     if tests {
         // The TypeScript example is a starting point to copy, not a shipped plugin.
@@ -159,6 +175,24 @@ pub fn build_host() -> Result<PathBuf> {
     Ok(target_dir().join("debug/capstan"))
 }
 
+/// Builds the release binaries, `capstan` with what `cargo xtask bench` runs beside it,
+/// in one command: the image and the benchmarks then share one build (one feature
+/// resolution) instead of compiling wasmtime twice. Returns the release directory.
+pub fn build_release() -> Result<PathBuf> {
+    run_cmd(cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "capstan",
+        "--package",
+        "capstan-bench",
+        "--bins",
+        "--example",
+        "sandbox_bench",
+    ]))?;
+    Ok(target_dir().join("release"))
+}
+
 /// `cargo xtask test`: builds what the tests need, starts a local control plane, runs
 /// every test with it, and stops it again, also when tests fail.
 fn test(args: &[String]) -> Result<()> {
@@ -167,7 +201,22 @@ fn test(args: &[String]) -> Result<()> {
     js::test()?;
     let component_plugin = tools::build_with_cargo_component()?;
     build_host()?;
-    let cluster = cluster::up(&cluster::UpOptions::for_tests())?;
+    let helm = cluster::ensure_helm()?;
+    let options = cluster::UpOptions::for_tests();
+    // `down` must leave the machine as `up` found it (no mount, cgroup, veth, process,
+    // iptables rule or sysctl of the real node): checked after every test run.
+    let host_before = cluster::HostSnapshot::take(&options.state_dir)?;
+    let cluster = cluster::up(&options)?;
+    // The images the real node's tests run (capstan:0.1.0, postgres:16.14 and 16.15).
+    // Without a real node those tests fail, saying so; the others run on kwok.
+    let imported = match cluster.real_node {
+        true => image::build_and_import(&cluster.state_dir, true),
+        false => Ok(()),
+    };
+    if let Err(err) = imported {
+        let _ = cluster::down(&cluster.state_dir);
+        return Err(err.context("build the images for the real node"));
+    }
     let result = run_cmd(
         cargo()
             .args(["test", "--workspace", "--no-fail-fast"])
@@ -181,6 +230,8 @@ fn test(args: &[String]) -> Result<()> {
             .env("CAPSTAN_CHURN_PARENTS", "10000")
             .env("CAPSTAN_BIN", target_dir().join("debug/capstan"))
             .env("CAPSTAN_KUBECTL", cluster.bin_dir.join("kubectl"))
+            // The Helm chart's tests (tests/e2e/tests/helm.rs).
+            .env("CAPSTAN_HELM", &helm)
             // What the fault tests need to restart components and read the audit log.
             .env("CAPSTAN_CLUSTER_DIR", &cluster.state_dir)
             .env("CAPSTAN_XTASK", std::env::current_exe()?),
@@ -190,5 +241,13 @@ fn test(args: &[String]) -> Result<()> {
     let stopped = cluster::down(&cluster.state_dir);
     result?;
     benched?;
-    stopped
+    stopped?;
+    let left = cluster::HostSnapshot::take(&cluster.state_dir)?.changes_since(&host_before);
+    if !left.is_empty() {
+        bail!(
+            "`cluster down` left the machine changed:\n{}",
+            left.join("\n")
+        );
+    }
+    Ok(())
 }

@@ -105,6 +105,13 @@ stop_local() {
 	pg_ctl -D "$1" -w -t 300 -s -m fast stop
 }
 
+# PostgreSQL refuses a data directory that its group can write, and the kubelet gives
+# the volume's files to the Pod's fsGroup (group rwx, setgid) when it mounts it; the
+# official image's entrypoint sets the mode back on every start, and so does this one.
+own_pgdata() {
+	chmod 0700 "$PGDATA"
+}
+
 # PGDATA holds no cluster: remove it if it is an empty directory, refuse anything else.
 expect_no_pgdata() {
 	if [ -e "$PGDATA" ]; then
@@ -153,6 +160,7 @@ run_primary() {
 		stop_local "$staging"
 		mv "$staging" "$PGDATA"
 	else
+		own_pgdata
 		write_hba "$PGDATA"
 		start_local "$PGDATA"
 		ensure_roles
@@ -181,6 +189,7 @@ run_standby() {
 		done
 		mv "$staging" "$PGDATA"
 	fi
+	own_pgdata
 	write_hba "$PGDATA"
 	# Always: a standby must never start as a second primary.
 	touch "$PGDATA/standby.signal"

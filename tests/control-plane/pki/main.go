@@ -1,7 +1,10 @@
 // Command capstan-pki makes the credentials of one local test control plane: a CA, the
 // apiserver's serving certificate, the service-account signing key pair, the front
 // proxy's CA and client certificate, and a client certificate plus kubeconfig for each
-// component that talks to the apiserver.
+// component that talks to the apiserver. With -node-name, also the credentials of a real
+// node: the kubelet's client and serving certificates, kube-proxy's, CoreDNS's and the
+// volume provisioner's client certificates, and the apiserver's client certificate for
+// the kubelet API.
 //
 // It uses only the Go standard library, so it builds wherever Go does; `cargo xtask
 // cluster up` runs it once per state directory. Every key is new: two clusters never
@@ -54,18 +57,54 @@ func main() {
 	server := flag.String("server", "", "apiserver URL written into the kubeconfigs, e.g. https://127.0.0.1:6443")
 	clusterName := flag.String("cluster-name", "capstan", "cluster and context name in the kubeconfigs")
 	serviceIP := flag.String("service-ip", "10.96.0.1", "first IP of the service CIDR, a SAN of the serving certificate")
+	var n node
+	flag.StringVar(&n.name, "node-name", "", "a real node's name: also make its credentials")
+	flag.StringVar(&n.ip, "node-ip", "", "the real node's IP: a SAN of the kubelet's and the apiserver's serving certificates")
+	flag.StringVar(&n.server, "node-server", "", "apiserver URL as the node reaches it, written into the node's kubeconfigs")
 	flag.Parse()
 	if *dir == "" || *server == "" {
 		fmt.Fprintln(os.Stderr, "capstan-pki: -dir and -server are required")
 		os.Exit(2)
 	}
-	if err := run(*dir, *server, *clusterName, *serviceIP); err != nil {
+	if n.name != "" && (net.ParseIP(n.ip) == nil || n.server == "") {
+		fmt.Fprintln(os.Stderr, "capstan-pki: -node-name needs -node-ip (an IP address) and -node-server")
+		os.Exit(2)
+	}
+	if err := run(*dir, *server, *clusterName, *serviceIP, n); err != nil {
 		fmt.Fprintf(os.Stderr, "capstan-pki: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir, server, clusterName, serviceIP string) error {
+// node is a real node whose credentials are made too (when name is set).
+type node struct {
+	name   string
+	ip     string
+	server string
+}
+
+// nodeClient is one identity of the node, with the apiserver URL its kubeconfig names.
+type nodeClient struct {
+	client
+	server string
+}
+
+// clients returns the node's identities: its processes reach the apiserver through the
+// node's network (-node-server), the provisioner on the host through server.
+func (n node) clients(server string) []nodeClient {
+	return []nodeClient{
+		// The Node authorizer and NodeRestriction admit exactly this identity.
+		{client{file: "kubelet", user: "system:node:" + n.name, groups: []string{"system:nodes"}}, n.server},
+		// Bound to system:node-proxier by the default RBAC policy.
+		{client{file: "kube-proxy", user: "system:kube-proxy"}, n.server},
+		// Given read access to Services and EndpointSlices by `cluster up`.
+		{client{file: "coredns", user: "capstan:coredns"}, n.server},
+		// Given PersistentVolume rights by `cluster up`; it runs on the host.
+		{client{file: "provisioner", user: "capstan:provisioner"}, server},
+	}
+}
+
+func run(dir, server, clusterName, serviceIP string, n node) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -93,7 +132,11 @@ func run(dir, server, clusterName, serviceIP string) error {
 	w.cert("front-proxy-client.crt", proxyClient)
 	w.key("front-proxy-client.key", proxyClientKey)
 
-	serving, servingKey, err := newServingCert(ca, caKey, serviceIP)
+	var extraIPs []net.IP
+	if n.name != "" {
+		extraIPs = append(extraIPs, net.ParseIP(n.ip))
+	}
+	serving, servingKey, err := newServingCert(ca, caKey, serviceIP, extraIPs)
 	if err != nil {
 		return err
 	}
@@ -117,7 +160,42 @@ func run(dir, server, clusterName, serviceIP string) error {
 		w.key(c.file+".key", key)
 		w.kubeconfig(c.file+".kubeconfig", clusterName, server, ca, cert, key, c.user)
 	}
+	if n.name != "" {
+		for _, c := range n.clients(server) {
+			cert, key, err := newClientCert(ca, caKey, c.client)
+			if err != nil {
+				return err
+			}
+			w.cert(c.file+".crt", cert)
+			w.key(c.file+".key", key)
+			w.kubeconfig(c.file+".kubeconfig", clusterName, c.server, ca, cert, key, c.user)
+		}
+		// The kubelet's serving certificate, which the apiserver checks (for logs, exec,
+		// port-forward) against the cluster CA and the node's IP.
+		kubelet, kubeletKey, err := newKubeletServingCert(ca, caKey, n)
+		if err != nil {
+			return err
+		}
+		w.cert("kubelet-serving.crt", kubelet)
+		w.key("kubelet-serving.key", kubeletKey)
+		// The apiserver's identity towards the kubelet API, which authorizes it by RBAC.
+		apiClient, apiClientKey, err := newClientCert(ca, caKey, client{user: "kube-apiserver-kubelet-client", groups: []string{"system:masters"}})
+		if err != nil {
+			return err
+		}
+		w.cert("apiserver-kubelet-client.crt", apiClient)
+		w.key("apiserver-kubelet-client.key", apiClientKey)
+	}
 	return w.err
+}
+
+func newKubeletServingCert(ca *x509.Certificate, caKey crypto.Signer, n node) (*x509.Certificate, crypto.Signer, error) {
+	tmpl := template(pkix.Name{CommonName: "system:node:" + n.name, Organization: []string{"system:nodes"}})
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	tmpl.DNSNames = []string{n.name}
+	tmpl.IPAddresses = []net.IP{net.ParseIP(n.ip)}
+	return sign(tmpl, ca, caKey)
 }
 
 func newCA(name string) (*x509.Certificate, crypto.Signer, error) {
@@ -128,7 +206,7 @@ func newCA(name string) (*x509.Certificate, crypto.Signer, error) {
 	return sign(tmpl, nil, nil)
 }
 
-func newServingCert(ca *x509.Certificate, caKey crypto.Signer, serviceIP string) (*x509.Certificate, crypto.Signer, error) {
+func newServingCert(ca *x509.Certificate, caKey crypto.Signer, serviceIP string, extraIPs []net.IP) (*x509.Certificate, crypto.Signer, error) {
 	tmpl := template(pkix.Name{CommonName: "kube-apiserver"})
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
@@ -139,7 +217,7 @@ func newServingCert(ca *x509.Certificate, caKey crypto.Signer, serviceIP string)
 		"kubernetes.default.svc",
 		"kubernetes.default.svc.cluster.local",
 	}
-	tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	tmpl.IPAddresses = append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, extraIPs...)
 	if ip := net.ParseIP(serviceIP); ip != nil {
 		tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
 	} else {

@@ -134,12 +134,17 @@ pub fn listening(port: u16) -> bool {
 }
 
 /// The objects every cluster starts with: `nodes` fake Nodes of a realistic size that
-/// kwok adopts (annotation `kwok.x-k8s.io/node: fake`), the default StorageClass, and
-/// [`VOLUMES`] static PersistentVolumes it binds claims to.
-pub fn seed_manifest(nodes: usize, state: &StateDir) -> String {
+/// kwok adopts (annotation `kwok.x-k8s.io/node: fake`, label `type: kwok`), the
+/// StorageClass `local` and [`VOLUMES`] static PersistentVolumes it binds claims to.
+///
+/// With a real node (`real_node`), kwok's nodes carry the taint
+/// `kwok.x-k8s.io/node=fake:NoSchedule`, so that a Pod lands on them only if its
+/// namespace chooses kwok (`docs/control-plane.md`), and `local` is not the default
+/// class (the real node's provisioner has that).
+pub fn seed_manifest(nodes: usize, state: &StateDir, real_node: bool) -> String {
     let mut out = String::new();
     for index in 0..nodes {
-        out.push_str(&node(&node_name(index)));
+        out.push_str(&node(&node_name(index), real_node));
     }
     let _ = write!(
         out,
@@ -149,12 +154,13 @@ kind: StorageClass
 metadata:
   name: {STORAGE_CLASS}
   annotations:
-    storageclass.kubernetes.io/is-default-class: \"true\"
+    storageclass.kubernetes.io/is-default-class: \"{default}\"
 provisioner: kubernetes.io/no-provisioner
 # Claims bind as soon as they are made: the pool's volumes fit any node.
 volumeBindingMode: Immediate
 reclaimPolicy: Retain
-"
+",
+        default = !real_node
     );
     for index in 0..VOLUMES {
         let path = state.volumes().join(format!("pv-{index:02}"));
@@ -184,7 +190,13 @@ spec:
 }
 
 /// A Node whose status (capacity, nodeInfo) kwok keeps and reports Ready.
-fn node(name: &str) -> String {
+fn node(name: &str, tainted: bool) -> String {
+    let taints = match tainted {
+        true => {
+            "spec:\n  taints:\n  - {key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}\n"
+        }
+        false => "",
+    };
     format!(
         "---
 apiVersion: v1
@@ -200,7 +212,7 @@ metadata:
     kubernetes.io/os: linux
     kubernetes.io/hostname: {name}
     node-role.kubernetes.io/agent: \"\"
-status:
+{taints}status:
   capacity:
     cpu: \"32\"
     memory: 256Gi
@@ -225,7 +237,7 @@ mod tests {
 
     #[test]
     fn seed_has_nodes_class_and_pool() {
-        let manifest = seed_manifest(2, &StateDir::new("/tmp/state"));
+        let manifest = seed_manifest(2, &StateDir::new("/tmp/state"), false);
         assert_eq!(manifest.matches("kind: Node\n").count(), 2);
         assert_eq!(manifest.matches("kind: StorageClass\n").count(), 1);
         assert_eq!(
@@ -233,5 +245,14 @@ mod tests {
             VOLUMES
         );
         assert!(manifest.contains("path: /tmp/state/volumes/pv-63"));
+        assert!(manifest.contains("is-default-class: \"true\""));
+        assert!(!manifest.contains("taints"));
+    }
+
+    #[test]
+    fn kwok_nodes_are_tainted_beside_a_real_node() {
+        let manifest = seed_manifest(2, &StateDir::new("/tmp/state"), true);
+        assert_eq!(manifest.matches("effect: NoSchedule").count(), 2);
+        assert!(manifest.contains("is-default-class: \"false\""));
     }
 }

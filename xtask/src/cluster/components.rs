@@ -52,13 +52,37 @@ pub fn etcd(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
 /// kube-apiserver with client-certificate authentication, service-account tokens signed
 /// by this cluster's key, real authorization (Node, RBAC), and an audit log of every
 /// write ([`AUDIT_POLICY`]; the policy file is written by `up`).
-pub fn apiserver(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
+///
+/// With a real node at `node_ip`, the API server advertises that address (where the
+/// relay listens, inside the node's network) as the `kubernetes` Service's endpoint, and
+/// reaches the kubelet by it; without, it advertises 127.0.0.1 and keeps no endpoint.
+pub fn apiserver(bin: &Path, state: &StateDir, ports: &Ports, node_ip: Option<&str>) -> Command {
     let pki = |file: &str| state.pki().join(file).display().to_string();
     let mut cmd = Command::new(bin.join("kube-apiserver"));
+    match node_ip {
+        Some(ip) => cmd.args([
+            format!("--advertise-address={ip}"),
+            "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
+            format!("--kubelet-certificate-authority={}", pki("ca.crt")),
+            format!(
+                "--kubelet-client-certificate={}",
+                pki("apiserver-kubelet-client.crt")
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                pki("apiserver-kubelet-client.key")
+            ),
+        ]),
+        // The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints
+        // validation rejects (loopback); and no pod here could dial it anyway.
+        None => cmd.args([
+            "--advertise-address=127.0.0.1",
+            "--endpoint-reconciler-type=none",
+        ]),
+    };
     cmd.args([
         format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd_client),
         "--bind-address=127.0.0.1".to_owned(),
-        "--advertise-address=127.0.0.1".to_owned(),
         format!("--secure-port={}", ports.apiserver),
         format!("--tls-cert-file={}", pki("apiserver.crt")),
         format!("--tls-private-key-file={}", pki("apiserver.key")),
@@ -67,6 +91,10 @@ pub fn apiserver(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
         format!("--service-account-signing-key-file={}", pki("sa.key")),
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
         format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        // Webhooks served by a Pod are called at the Service's endpoints (Pod IPs, which
+        // the host routes to the real node) instead of its ClusterIP (which only the
+        // node's kube-proxy knows).
+        "--enable-aggregator-routing=true".to_owned(),
         // The aggregation layer's front proxy, set up as kubeadm does; without it the
         // controller-manager and scheduler complain forever of a missing requestheader CA.
         format!(
@@ -80,11 +108,11 @@ pub fn apiserver(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
         format!("--proxy-client-cert-file={}", pki("front-proxy-client.crt")),
         format!("--proxy-client-key-file={}", pki("front-proxy-client.key")),
         "--authorization-mode=Node,RBAC".to_owned(),
-        "--enable-admission-plugins=NodeRestriction".to_owned(),
+        // PodNodeSelector and PodTolerationRestriction: a namespace's annotations choose
+        // kwok's nodes (or the real one) for all its Pods.
+        "--enable-admission-plugins=NodeRestriction,PodNodeSelector,PodTolerationRestriction"
+            .to_owned(),
         "--allow-privileged=true".to_owned(),
-        // The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints
-        // validation rejects (loopback); and no pod here could dial it anyway.
-        "--endpoint-reconciler-type=none".to_owned(),
         "--profiling=false".to_owned(),
         // Server-side sharded LIST/WATCH (KEP-5866, alpha since 1.36) for `capstan run
         // --shards`: a `shardSelector` is honoured and echoed in `ListMeta.shardInfo`.
@@ -177,7 +205,15 @@ pub fn kwok(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
 
 /// `capstan-pki`: the CAs, serving certificate, service-account keys, and a client
 /// certificate plus kubeconfig per component (a one-shot command, not a process to keep).
-pub fn pki(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
+///
+/// With a real node (`node`: its name, IP and the API server's URL as it reaches it), also
+/// the node's credentials.
+pub fn pki(
+    bin: &Path,
+    state: &StateDir,
+    ports: &Ports,
+    node: Option<(&str, &str, &str)>,
+) -> Command {
     let mut cmd = Command::new(bin.join("capstan-pki"));
     cmd.args([
         format!("-dir={}", state.pki().display()),
@@ -185,5 +221,12 @@ pub fn pki(bin: &Path, state: &StateDir, ports: &Ports) -> Command {
         "-cluster-name=capstan".to_owned(),
         format!("-service-ip={KUBERNETES_SERVICE_IP}"),
     ]);
+    if let Some((name, ip, server)) = node {
+        cmd.args([
+            format!("-node-name={name}"),
+            format!("-node-ip={ip}"),
+            format!("-node-server={server}"),
+        ]);
+    }
     cmd
 }

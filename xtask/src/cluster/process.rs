@@ -31,6 +31,17 @@ impl Process {
         matches!(proc_stat(self.pid), Some((state, start)) if start == self.start_time && !matches!(state, 'Z' | 'X'))
     }
 
+    /// The running process `pid`, known from now on by its start time too; `None` when
+    /// there is no such process.
+    pub fn observe(component: &str, pid: u32) -> Option<Self> {
+        let (_, start_time) = proc_stat(pid)?;
+        Some(Self {
+            component: component.to_owned(),
+            pid,
+            start_time,
+        })
+    }
+
     /// One line of the state directory's `processes` file.
     pub fn to_record(&self) -> String {
         format!("{} {} {}\n", self.component, self.pid, self.start_time)
@@ -128,6 +139,25 @@ pub fn signal(pid: u32, signal: &str) -> Result<()> {
             signal,
             &pid.to_string(),
         ])
+        .status()
+        .context("run `sh -c kill`")?;
+    Ok(())
+}
+
+/// Sends `signal` to every process in `pids` with one `kill` (nothing when empty).
+pub fn signal_all(pids: &[u32], signal: &str) -> Result<()> {
+    if pids.is_empty() {
+        return Ok(());
+    }
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    Command::new("sh")
+        .args([
+            "-c",
+            "s=$1; shift; kill -s \"$s\" \"$@\" 2>/dev/null",
+            "sh",
+            signal,
+        ])
+        .args(&pids)
         .status()
         .context("run `sh -c kill`")?;
     Ok(())

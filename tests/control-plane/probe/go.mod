@@ -1,0 +1,3 @@
+module capstan/control-plane/probe
+
+go 1.26.0

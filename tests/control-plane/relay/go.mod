@@ -1,0 +1,3 @@
+module capstan/control-plane/relay
+
+go 1.26.0

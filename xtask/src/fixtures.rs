@@ -1,0 +1,123 @@
+//! The shipped plugins as they were built for contract 0.1.0, for the tests that prove
+//! the host still runs them unchanged. They are built from the project's own history
+//! (the last commit that shipped 0.1.0), never checked in as binaries: `git archive`
+//! extracts the SDK, the plugins, the WIT and the CRDs of that commit into the target
+//! directory, and they build there in a workspace of their own, with a target directory
+//! of their own (their packages have the names of today's, whose artifacts they would
+//! overwrite in a shared one).
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cargo, root, target_dir};
+
+/// The last commit whose plugins were built for `capstan:plugin@0.1.0`.
+pub const CONTRACT_0_1_COMMIT: &str = "a243569ec9fdb3f2b0e7e94d7636bfae1d6d488b";
+
+/// What is taken from that commit.
+const PATHS: &[&str] = &[
+    "Cargo.toml",
+    "Cargo.lock",
+    "rust-toolchain.toml",
+    "wit",
+    "crds",
+    "plugins/sdk",
+    "plugins/uuid",
+    "plugins/postgresql",
+];
+
+/// The 0.1.0 plugins: (package, file name under `<out>/contract-0.1.0/`).
+const PLUGINS: &[(&str, &str)] = &[
+    ("capstan-plugin-uuid", "uuid.wasm"),
+    ("capstan-plugin-postgresql", "postgresql.wasm"),
+];
+
+/// Builds the 0.1.0 plugins into `out/contract-0.1.0/` (`out` is target/test-plugins).
+pub fn build_contract_0_1(out: &Path) -> Result<()> {
+    let dir = target_dir().join("contract-0.1.0");
+    let src = dir.join("src");
+    let stamp = src.join(".commit");
+    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(CONTRACT_0_1_COMMIT) {
+        extract(&src)?;
+        std::fs::write(&stamp, CONTRACT_0_1_COMMIT)?;
+    }
+    let status = cargo()
+        .args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])
+        .args(PLUGINS.iter().flat_map(|(p, _)| ["--package", p]))
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .current_dir(&src)
+        .status()
+        .context("cannot start cargo for the contract 0.1.0 plugins")?;
+    if !status.success() {
+        bail!(
+            "building the contract 0.1.0 plugins in {} failed ({status})",
+            src.display()
+        );
+    }
+    let built = dir.join("target/wasm32-wasip2/plugin");
+    let to = out.join("contract-0.1.0");
+    std::fs::create_dir_all(&to)?;
+    for (package, file) in PLUGINS {
+        let from = built.join(format!("{}.wasm", package.replace('-', "_")));
+        std::fs::copy(&from, to.join(file)).with_context(|| format!("copy {}", from.display()))?;
+    }
+    println!("contract 0.1.0 plugins: {}", to.display());
+    Ok(())
+}
+
+/// Extracts [`PATHS`] of [`CONTRACT_0_1_COMMIT`] into `src`, as a workspace of the SDK
+/// and the two plugins alone.
+fn extract(src: &Path) -> Result<()> {
+    let has_commit = Command::new("git")
+        .args([
+            "cat-file",
+            "-e",
+            &format!("{CONTRACT_0_1_COMMIT}^{{commit}}"),
+        ])
+        .current_dir(root())
+        .status()
+        .context("cannot run git")?;
+    if !has_commit.success() {
+        bail!(
+            "the contract 0.1.0 test plugins are built from commit {CONTRACT_0_1_COMMIT}, which this clone does not have (a shallow clone?): run `git fetch --unshallow`"
+        );
+    }
+    if src.exists() {
+        std::fs::remove_dir_all(src)?;
+    }
+    std::fs::create_dir_all(src)?;
+    let archive = Command::new("git")
+        .args(["archive", "--format=tar", CONTRACT_0_1_COMMIT])
+        .args(PATHS)
+        .current_dir(root())
+        .output()
+        .context("cannot run git archive")?;
+    if !archive.status.success() {
+        bail!(
+            "git archive {CONTRACT_0_1_COMMIT} failed: {}",
+            String::from_utf8_lossy(&archive.stderr).trim()
+        );
+    }
+    tar::Archive::new(archive.stdout.as_slice())
+        .unpack(src)
+        .context("cannot unpack the contract 0.1.0 sources")?;
+    // Only the SDK and the plugins are members here.
+    let manifest = src.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest)?;
+    let start = text
+        .find("members = [")
+        .context("no workspace members in Cargo.toml")?;
+    let end = start
+        + text[start..]
+            .find(']')
+            .context("unterminated members list")?
+        + 1;
+    let members = r#"members = ["plugins/sdk", "plugins/uuid", "plugins/postgresql"]"#;
+    std::fs::write(
+        &manifest,
+        format!("{}{members}{}", &text[..start], &text[end..]),
+    )?;
+    Ok(())
+}
