@@ -95,6 +95,7 @@ fn measure(args: &Args, config: &SandboxConfig, case: Case) -> anyhow::Result<Va
     let observed = Observed {
         parent: case.parent,
         children: case.children,
+        related: Vec::new(),
     };
     let mut calls = Vec::with_capacity(args.calls);
     for i in 0..WARMUP_CALLS + args.calls {

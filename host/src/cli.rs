@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use capstan::operator::{
     self, ControllerOptions, ForceRelease, LeaderElectionOptions, OperatorOptions, PendingReleases,
-    RegistryOptions, ShardOptions, WriteFence,
+    Reach, RegistryOptions, ShardOptions, WebhookOptions, WriteFence,
 };
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig, limits};
 use capstan::render;
@@ -30,7 +30,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the operator: serve every plugin of a directory against a cluster.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run one reconcile offline and print what would be applied, as YAML.
     Render {
         /// The plugin component (.wasm).
@@ -42,6 +42,41 @@ enum Command {
         /// Observed children (YAML, several documents or a List).
         #[arg(long)]
         observed: Option<PathBuf>,
+        /// Related objects that exist (YAML): the plugin sees those its `customize`
+        /// asks for, as `capstan run` would serve them.
+        #[arg(long)]
+        related: Option<PathBuf>,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Ask a plugin's `validate` whether a parent may change from OLD (none: be
+    /// created) to NEW, as its admission webhook would. Exits 0 when allowed (warnings
+    /// on stderr), 1 with the plugin's message when refused.
+    Validate {
+        /// The plugin component (.wasm).
+        #[arg(long)]
+        plugin: PathBuf,
+        /// The object before the change (YAML); omit for a create.
+        #[arg(long)]
+        old: Option<PathBuf>,
+        /// The object after the change (YAML).
+        #[arg(long)]
+        new: PathBuf,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Convert a parent object to another version with the plugin's `convert`, as its
+    /// conversion webhook would, and print it as YAML.
+    Convert {
+        /// The plugin component (.wasm).
+        #[arg(long)]
+        plugin: PathBuf,
+        /// The object (YAML).
+        #[arg(long)]
+        object: PathBuf,
+        /// The version to convert to, such as `v1` (or `group/v1`).
+        #[arg(long)]
+        to: String,
         #[command(flatten)]
         sandbox: SandboxArgs,
     },
@@ -56,6 +91,10 @@ enum Command {
         /// Also allow applying CRDs (for `capstan run --install-crds`).
         #[arg(long)]
         install_crds: bool,
+        /// The ValidatingWebhookConfiguration `capstan run` owns (its
+        /// --webhook-configuration), when a plugin validates.
+        #[arg(long, default_value = "capstan")]
+        webhook_configuration: String,
         #[command(flatten)]
         sandbox: SandboxArgs,
     },
@@ -66,6 +105,15 @@ enum Command {
         src: PathBuf,
         /// The plugin directory to fill.
         dst: PathBuf,
+    },
+    /// Compile the *.wasm files of PLUGINS into OUT, a directory for `--precompiled-dir`
+    /// (for an image that ships its plugins compiled). The code is for this capstan's
+    /// wasmtime and this machine's CPU; elsewhere it is not used and plugins compile.
+    Precompile {
+        /// Where the plugins are.
+        plugins: PathBuf,
+        /// The directory to write the compiled code to.
+        out: PathBuf,
     },
     /// Print what a plugin declares.
     Inspect {
@@ -142,7 +190,93 @@ struct RunArgs {
     #[arg(long, value_name = "KIND")]
     force_release_finalizers: Vec<String>,
     #[command(flatten)]
+    webhook: WebhookArgs,
+    #[command(flatten)]
     sandbox: SandboxArgs,
+}
+
+/// The admission and conversion webhook, served once a loaded plugin validates or
+/// converts (docs/admission.md).
+#[derive(Debug, Args)]
+struct WebhookArgs {
+    /// Where the webhook listens (HTTPS), once a loaded plugin validates or converts.
+    #[arg(long, env = "CAPSTAN_WEBHOOK_ADDR", default_value = "127.0.0.1:9443")]
+    webhook_addr: std::net::SocketAddr,
+    /// The base URL the API server reaches the webhook at, for a host outside the
+    /// cluster, such as `https://127.0.0.1:9443` (default: `https://` and
+    /// --webhook-addr, unless that listens on every address).
+    #[arg(long, env = "CAPSTAN_WEBHOOK_URL", conflicts_with = "webhook_service")]
+    webhook_url: Option<String>,
+    /// The Service the API server reaches the webhook through, in a cluster:
+    /// `[NAMESPACE/]NAME[:PORT]` (default: the host's own namespace, port 443).
+    #[arg(long, env = "CAPSTAN_WEBHOOK_SERVICE")]
+    webhook_service: Option<String>,
+    /// The ValidatingWebhookConfiguration this host owns (one per host, or per group of
+    /// replicas).
+    #[arg(long, env = "CAPSTAN_WEBHOOK_CONFIGURATION", default_value = "capstan")]
+    webhook_configuration: String,
+    /// Keep the webhook's CA and certificate in this Secret of the host's namespace, so
+    /// that every replica serves the same (default: in memory, made anew at each start).
+    #[arg(long, env = "CAPSTAN_WEBHOOK_SECRET")]
+    webhook_secret: Option<String>,
+}
+
+impl WebhookArgs {
+    /// The webhook's options; `namespace` is the one the host watches, if only one.
+    fn options(&self, namespace: Option<&str>) -> Result<WebhookOptions> {
+        let reach = match (&self.webhook_service, &self.webhook_url) {
+            (Some(service), _) => parse_service(service)?,
+            (None, Some(url)) => Reach::Url(check_url(url)?),
+            (None, None) if self.webhook_addr.ip().is_unspecified() => anyhow::bail!(
+                "--webhook-addr {} listens on every address: say how the API server reaches the webhook with --webhook-service or --webhook-url",
+                self.webhook_addr
+            ),
+            (None, None) => Reach::Url(format!("https://{}", self.webhook_addr)),
+        };
+        let mut opts = WebhookOptions::new(self.webhook_addr, reach);
+        opts.configuration = self.webhook_configuration.clone();
+        opts.secret = self
+            .webhook_secret
+            .as_ref()
+            .map(|name| (own_namespace(), name.clone()));
+        opts.namespace = namespace.map(String::from);
+        Ok(opts)
+    }
+}
+
+/// `[NAMESPACE/]NAME[:PORT]`.
+fn parse_service(service: &str) -> Result<Reach> {
+    let usage = || format!("--webhook-service {service:?} is not [NAMESPACE/]NAME[:PORT]");
+    let (namespace, rest) = match service.split_once('/') {
+        Some((namespace, rest)) => (namespace.to_string(), rest),
+        None => (own_namespace(), service),
+    };
+    let (name, port) = match rest.split_once(':') {
+        Some((name, port)) => (name, port.parse().ok().with_context(usage)?),
+        None => (rest, 443),
+    };
+    anyhow::ensure!(!namespace.is_empty() && !name.is_empty(), usage());
+    Ok(Reach::Service {
+        namespace,
+        name: name.into(),
+        port,
+    })
+}
+
+/// An `https://HOST[:PORT]` URL, without a path, query or fragment.
+fn check_url(url: &str) -> Result<String> {
+    let uri: http::Uri = url
+        .parse()
+        .with_context(|| format!("--webhook-url {url:?} is not a URL"))?;
+    anyhow::ensure!(
+        uri.scheme_str() == Some("https") && uri.host().is_some(),
+        "--webhook-url {url:?} must be https://HOST[:PORT]"
+    );
+    anyhow::ensure!(
+        matches!(uri.path(), "" | "/") && uri.query().is_none(),
+        "--webhook-url {url:?} must have no path: the host adds its own"
+    );
+    Ok(url.trim_end_matches('/').to_string())
 }
 
 /// Limits of the plugin sandbox.
@@ -158,6 +292,11 @@ struct SandboxArgs {
     /// none without $HOME: compile every time).
     #[arg(long, env = "CAPSTAN_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// A read-only directory of compiled code (`capstan precompile`) behind the cache:
+    /// what the cache lacks is copied from there when it has the same plugin compiled
+    /// by the same wasmtime for the same CPU.
+    #[arg(long, env = "CAPSTAN_PRECOMPILED_DIR")]
+    precompiled_dir: Option<PathBuf>,
     /// Plugin instances that may exist at once, across all plugins: the pool reserved
     /// at start (default for `run`: 16 x --concurrency, so that 16 plugins each run
     /// their full concurrency without waiting; otherwise 4).
@@ -177,6 +316,7 @@ impl SandboxArgs {
             cache_dir: self.cache_dir.clone().or_else(|| {
                 std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/capstan/compiled"))
             }),
+            precompiled_dir: self.precompiled_dir.clone(),
             instances: self.plugin_instances.unwrap_or(4).max(1),
             cpu: (self.plugin_cpu > 0.0).then_some(self.plugin_cpu.max(limits::MIN_CPU)),
         })
@@ -206,22 +346,79 @@ pub fn init_tracing(cli: &Cli) {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run(args) => run_operator(args)?,
+        Command::Run(args) => run_operator(*args)?,
         Command::Render {
             plugin,
             parent,
             observed,
+            related,
             sandbox,
         } => {
             let plugin = sandbox.load(&plugin)?;
-            let observed = render::read_observed(plugin.info(), &parent, observed.as_deref())?;
+            let mut observed = render::read_observed(&plugin, &parent, observed.as_deref())?;
+            let existing = match &related {
+                Some(path) => render::read_related(plugin.info(), path)?,
+                None => Vec::new(),
+            };
+            render::customize(&plugin, &mut observed, &existing)?;
             let rendered = render::render(&plugin, &observed, &capstan::plan::now())?;
             print!("{}", serde_yaml_ng::to_string(&rendered)?);
+        }
+        Command::Validate {
+            plugin,
+            old,
+            new,
+            sandbox,
+        } => {
+            let plugin = sandbox.load(&plugin)?;
+            let read = |path: &Path| -> Result<serde_json::Value> {
+                let mut objects = render::read_objects(path)?;
+                anyhow::ensure!(
+                    objects.len() == 1,
+                    "{}: expected exactly one object, found {}",
+                    path.display(),
+                    objects.len()
+                );
+                Ok(objects.remove(0))
+            };
+            let old = old.as_deref().map(read).transpose()?;
+            let new = read(&new)?;
+            anyhow::ensure!(
+                plugin.info().validation.is_some(),
+                "plugin {} does not validate (it does not declare validation)",
+                plugin.info().name
+            );
+            match plugin.validate_blocking(old.as_ref(), &new)? {
+                Ok(warnings) => {
+                    for warning in warnings {
+                        eprintln!("warning: {}", warning.replace('\n', " "));
+                    }
+                }
+                Err(refusal) => anyhow::bail!("refused: {refusal}"),
+            }
+        }
+        Command::Convert {
+            plugin,
+            object,
+            to,
+            sandbox,
+        } => {
+            let plugin = sandbox.load(&plugin)?;
+            let mut objects = render::read_objects(&object)?;
+            anyhow::ensure!(
+                objects.len() == 1,
+                "{}: expected exactly one object, found {}",
+                object.display(),
+                objects.len()
+            );
+            let converted = capstan::convert::convert(&plugin, objects.remove(0), &to)?;
+            print!("{}", serde_yaml_ng::to_string(&converted)?);
         }
         Command::Rbac {
             plugins,
             name,
             install_crds,
+            webhook_configuration,
             sandbox,
         } => {
             let sandbox = sandbox.sandbox()?;
@@ -229,7 +426,8 @@ pub fn run(cli: Cli) -> Result<()> {
                 .iter()
                 .map(|f| Ok(sandbox.load_file_blocking(f)?.info().clone()))
                 .collect::<Result<Vec<_>>>()?;
-            let role = capstan::rbac::cluster_role(&name, &infos, install_crds);
+            let role =
+                capstan::rbac::cluster_role(&name, &infos, install_crds, &webhook_configuration);
             print!("{}", serde_yaml_ng::to_string(&role)?);
         }
         Command::SeedPlugins { src, dst } => {
@@ -242,6 +440,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 println!("{}", dst.join(name).display());
             }
         }
+        Command::Precompile { plugins, out } => precompile(&plugins, &out)?,
         Command::Inspect { plugin, sandbox } => {
             let plugin = sandbox.load(&plugin)?;
             let mut info = serde_json::to_value(plugin.info())?;
@@ -257,6 +456,26 @@ pub fn run(cli: Cli) -> Result<()> {
             let crd: serde_json::Value = serde_json::from_str(crd)?;
             print!("{}", serde_yaml_ng::to_string(&crd)?);
         }
+    }
+    Ok(())
+}
+
+/// `capstan precompile`: loads every plugin of `plugins` with `out` as the compile
+/// cache, keeping each loaded until all are, so that none is evicted by the others.
+fn precompile(plugins: &Path, out: &Path) -> Result<()> {
+    let sandbox = Sandbox::new(SandboxConfig {
+        cache_dir: Some(out.to_path_buf()),
+        // As the other commands that load plugins: a plugin may run several core
+        // instances (the Python plugin does), the pool's bound is per instance.
+        instances: 4,
+        ..SandboxConfig::default()
+    })
+    .context("cannot set up the plugin sandbox")?;
+    let mut loaded = Vec::new();
+    for file in wasm_files(plugins)? {
+        let plugin = sandbox.load_file_blocking(&file)?;
+        println!("{} {}", plugin.sha256(), file.display());
+        loaded.push(plugin);
     }
     Ok(())
 }
@@ -286,6 +505,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
         "--plugin-instances {instances} must be larger than --concurrency {concurrency}: one plugin's calls could take every instance slot"
     );
     let sandbox = sandbox.sandbox()?;
+    let webhooks = args.webhook.options(args.namespace.as_deref())?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let identity = identity();
@@ -297,6 +517,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(50)),
                 install_crds: args.install_crds,
                 pending_releases: PendingReleases::default(),
+                webhooks: None,
                 controller: ControllerOptions {
                     namespace: args.namespace,
                     default_resync: Duration::from_secs(args.resync_seconds.max(1)),
@@ -311,6 +532,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 },
             },
             metrics_addr: args.metrics_addr,
+            webhooks: Some(webhooks),
             shards: args.shards.then(|| {
                 ShardOptions::new(
                     &args
@@ -443,4 +665,69 @@ pub fn one_line(err: &anyhow::Error) -> String {
         }
     }
     parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_webhook_is_reached_by_url_or_service() {
+        assert_eq!(
+            parse_service("capstan-system/capstan-webhook:8443").unwrap(),
+            Reach::Service {
+                namespace: "capstan-system".into(),
+                name: "capstan-webhook".into(),
+                port: 8443,
+            }
+        );
+        match parse_service("capstan-webhook").unwrap() {
+            Reach::Service { name, port, .. } => {
+                assert_eq!((name.as_str(), port), ("capstan-webhook", 443))
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in ["ns/", "/name", "ns/name:port"] {
+            let err = parse_service(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("is not [NAMESPACE/]NAME[:PORT]"),
+                "{bad}: {err}"
+            );
+        }
+        assert_eq!(
+            check_url("https://127.0.0.1:9443/").unwrap(),
+            "https://127.0.0.1:9443"
+        );
+        for bad in [
+            "http://127.0.0.1:9443",
+            "https://127.0.0.1:9443/hooks",
+            "https://h?x=1",
+            "nonsense",
+        ] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_webhook_on_every_address_needs_to_be_told_how_it_is_reached() {
+        let args = |addr: &str, url: Option<&str>| WebhookArgs {
+            webhook_addr: addr.parse().unwrap(),
+            webhook_url: url.map(String::from),
+            webhook_service: None,
+            webhook_configuration: "capstan".into(),
+            webhook_secret: None,
+        };
+        let err = args("0.0.0.0:9443", None)
+            .options(None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--webhook-service or --webhook-url"), "{err}");
+        let local = args("127.0.0.1:9443", None).options(Some("ns")).unwrap();
+        assert_eq!(local.reach, Reach::Url("https://127.0.0.1:9443".into()));
+        assert_eq!(local.namespace.as_deref(), Some("ns"));
+        let told = args("0.0.0.0:9443", Some("https://10.0.0.5:9443"))
+            .options(None)
+            .unwrap();
+        assert_eq!(told.reach, Reach::Url("https://10.0.0.5:9443".into()));
+    }
 }

@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 /// A Kubernetes resource kind a plugin declares (its parent, or a child kind).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KindRef {
     /// API group, empty for the core group.
@@ -44,7 +44,7 @@ impl std::fmt::Display for KindRef {
 }
 
 /// What a plugin declares about itself (`describe`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginInfo {
     /// Plugin name.
@@ -63,6 +63,74 @@ pub struct PluginInfo {
     /// The parent kind's CRD as JSON, if the plugin ships it.
     #[serde(skip)]
     pub crd: Option<String>,
+    /// Kinds it reads but never writes (contract 0.2.0).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<KindRef>,
+    /// Whether it validates its parents at admission time, and what the API server
+    /// does when it cannot answer (contract 0.2.0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation: Option<FailurePolicy>,
+    /// Whether it converts its parents between the CRD's versions (contract 0.2.0).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub conversion: bool,
+    /// The contract release the plugin was built for, such as `0.2.0`.
+    pub contract: String,
+}
+
+/// What the API server does with a change when `validate` cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum FailurePolicy {
+    /// Refuse the change.
+    Fail,
+    /// Store it as if allowed.
+    Ignore,
+}
+
+impl FailurePolicy {
+    /// The string of `ValidatingWebhookConfiguration.webhooks[].failurePolicy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Fail => "Fail",
+            FailurePolicy::Ignore => "Ignore",
+        }
+    }
+}
+
+/// A related object as observed, tagged with the index of its kind in
+/// [`PluginInfo::related`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelatedObject {
+    /// Index into [`PluginInfo::related`].
+    pub kind_index: u32,
+    /// The object as JSON.
+    pub object: serde_json::Value,
+}
+
+/// Which objects of a related kind a parent needs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Selector {
+    /// The object of this name.
+    Name(String),
+    /// Every object of the namespace carrying all these labels (`matchLabels`).
+    Labels(Vec<(String, String)>),
+}
+
+/// One answer of `customize`: objects of the related kind at `kind_index`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RelatedRequest {
+    /// Index into [`PluginInfo::related`].
+    pub kind_index: u32,
+    /// Which of them.
+    pub selector: Selector,
+}
+
+/// A child named for deletion in a teardown wave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildRef {
+    /// Index into [`PluginInfo::children`].
+    pub kind_index: u32,
+    /// Its name.
+    pub name: String,
 }
 
 /// A child object as observed, tagged with the index of its kind in [`PluginInfo::children`].
@@ -81,6 +149,8 @@ pub struct Observed {
     pub parent: serde_json::Value,
     /// The children the parent controls.
     pub children: Vec<ObservedChild>,
+    /// The related objects `customize` asked for.
+    pub related: Vec<RelatedObject>,
 }
 
 /// Status of a condition.
@@ -174,6 +244,8 @@ pub struct FinalizeResult {
     pub events: Vec<Event>,
     /// When not done, retry after this many seconds.
     pub requeue_after_seconds: Option<u32>,
+    /// A teardown wave: children to delete before `finalize` is called again.
+    pub delete: Vec<ChildRef>,
 }
 
 /// A failure the plugin reported itself.

@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 pub mod contract;
+pub mod convert;
 pub mod operator;
 pub mod ownership;
 pub mod plan;

@@ -346,6 +346,7 @@ mod tests {
             finalizer: false,
             resync_seconds: None,
             crd: None,
+            ..Default::default()
         }
     }
 

@@ -22,10 +22,20 @@ const FINALIZERS_VERBS: &[&str] = &["update"];
 /// object whose name a desired child takes), create and patch (server-side apply, which
 /// creates what is absent), delete (prune, with a UID precondition). Never `update`.
 const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+/// Verbs on related kinds (contract 0.2.0): read only. The shared caches list and
+/// watch them; nothing of a related kind is ever written.
+const RELATED_VERBS: &[&str] = &["get", "list", "watch"];
 
 /// The ClusterRole named `name` for `plugins`. With `install_crds`, it may also apply
-/// CustomResourceDefinitions.
-pub fn cluster_role(name: &str, plugins: &[PluginInfo], install_crds: bool) -> Value {
+/// CustomResourceDefinitions. When a plugin validates, it may write the
+/// ValidatingWebhookConfiguration `webhook_configuration`; when one converts, the
+/// conversion of its CRD (and nothing else of it, nor of any other CRD).
+pub fn cluster_role(
+    name: &str,
+    plugins: &[PluginInfo],
+    install_crds: bool,
+    webhook_configuration: &str,
+) -> Value {
     // (apiGroup, verbs) -> resources, so kinds that need the same verbs share a rule.
     let mut rules: BTreeMap<(String, Vec<&str>), Vec<String>> = BTreeMap::new();
     let mut add = |group: &str, resource: String, verbs: &[&'static str]| {
@@ -52,6 +62,9 @@ pub fn cluster_role(name: &str, plugins: &[PluginInfo], install_crds: bool) -> V
         for child in &info.children {
             add(&child.group, child.plural.clone(), CHILD_VERBS);
         }
+        for related in &info.related {
+            add(&related.group, related.plural.clone(), RELATED_VERBS);
+        }
     }
     add("events.k8s.io", "events".into(), &["create", "patch"]);
     if install_crds {
@@ -61,19 +74,48 @@ pub fn cluster_role(name: &str, plugins: &[PluginInfo], install_crds: bool) -> V
             &["get", "list", "watch", "create", "patch"],
         );
     }
-    let rules: Vec<Value> = rules
+    let mut rules: Vec<Value> = rules
         .into_iter()
         .map(|((group, verbs), mut resources)| {
             resources.sort();
             json!({"apiGroups": [group], "resources": resources, "verbs": verbs})
         })
         .collect();
+    rules.extend(webhook_rules(plugins, webhook_configuration));
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "capstan"}},
         "rules": rules,
     })
+}
+
+/// What the admission and conversion webhook writes: its ValidatingWebhookConfiguration
+/// (server-side apply: `create` when it is absent, which RBAC cannot restrict to a
+/// name; `patch`), and the converting plugins' CRDs (`patch`, by name). Nothing when no
+/// plugin validates or converts.
+fn webhook_rules(plugins: &[PluginInfo], configuration: &str) -> Vec<Value> {
+    let mut rules = Vec::new();
+    if plugins.iter().any(|p| p.validation.is_some()) {
+        rules.push(json!({"apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"], "verbs": ["create"]}));
+        rules.push(json!({"apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"], "resourceNames": [configuration],
+            "verbs": ["get", "patch"]}));
+    }
+    let mut crds: Vec<String> = plugins
+        .iter()
+        .filter(|p| p.conversion)
+        .map(|p| format!("{}.{}", p.parent.plural, p.parent.group))
+        .collect();
+    crds.sort();
+    crds.dedup();
+    if !crds.is_empty() {
+        rules.push(json!({"apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"], "resourceNames": crds,
+            "verbs": ["get", "patch"]}));
+    }
+    rules
 }
 
 #[cfg(test)]
@@ -104,8 +146,23 @@ mod tests {
             finalizer: false,
             resync_seconds: None,
             crd: None,
+            ..Default::default()
         };
-        let role = cluster_role("capstan", &[info], false);
+        let mut reader = info.clone();
+        reader.name = "reader".into();
+        reader.parent = kind("test.capstan.dev", "Reader", "readers");
+        reader.children = vec![];
+        reader.related = vec![kind("", "Secret", "secrets"), kind("", "Pod", "pods")];
+        let with_related = cluster_role("capstan", &[info.clone(), reader], false, "capstan");
+        let related_rule = with_related["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["resources"] == json!(["pods", "secrets"]))
+            .expect("one read-only rule for the related kinds");
+        assert_eq!(related_rule["verbs"], json!(["get", "list", "watch"]));
+        assert_eq!(related_rule["apiGroups"], json!([""]));
+        let role = cluster_role("capstan", &[info], false, "capstan");
         let rules = role["rules"].as_array().unwrap();
         let find = |group: &str, resource: &str| {
             rules
@@ -159,5 +216,44 @@ mod tests {
         assert!(find("events.k8s.io", "events").is_some());
         assert!(find("apiextensions.k8s.io", "customresourcedefinitions").is_none());
         assert!(find("", "secrets").is_none(), "nothing undeclared");
+    }
+
+    #[test]
+    fn webhook_rights_only_for_plugins_that_validate_or_convert() {
+        let plain = PluginInfo {
+            name: "w".into(),
+            parent: kind("test.capstan.dev", "Widget", "widgets"),
+            ..Default::default()
+        };
+        let none = cluster_role("capstan", std::slice::from_ref(&plain), false, "capstan");
+        let text = none.to_string();
+        assert!(!text.contains("validatingwebhookconfigurations"), "{text}");
+        assert!(!text.contains("customresourcedefinitions"), "{text}");
+
+        let mut validating = plain.clone();
+        validating.parent = kind("test.capstan.dev", "Ticket", "tickets");
+        validating.validation = Some(crate::contract::FailurePolicy::Fail);
+        validating.conversion = true;
+        let role = cluster_role("capstan", &[plain, validating], false, "capstan-hooks");
+        let rules = role["rules"].as_array().unwrap();
+        let named = rules
+            .iter()
+            .find(|r| {
+                r["resources"] == json!(["validatingwebhookconfigurations"])
+                    && r.get("resourceNames").is_some()
+            })
+            .expect("get and patch on its own configuration");
+        assert_eq!(named["resourceNames"], json!(["capstan-hooks"]));
+        assert_eq!(named["verbs"], json!(["get", "patch"]));
+        assert!(rules.iter().any(
+            |r| r["resources"] == json!(["validatingwebhookconfigurations"])
+                && r["verbs"] == json!(["create"])
+        ));
+        let crd = rules
+            .iter()
+            .find(|r| r["resources"] == json!(["customresourcedefinitions"]))
+            .expect("the converting plugin's CRD");
+        assert_eq!(crd["resourceNames"], json!(["tickets.test.capstan.dev"]));
+        assert_eq!(crd["verbs"], json!(["get", "patch"]));
     }
 }

@@ -6,10 +6,12 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::contract::{Observed, ObservedChild, PluginError, PluginInfo};
+use crate::contract::{
+    Observed, ObservedChild, PluginError, PluginInfo, RelatedObject, RelatedRequest, Selector,
+};
 use crate::plan::{self, Plan};
 use crate::plugin::{CallError, Plugin};
-use crate::validate::Violation;
+use crate::validate::{self, Violation};
 
 /// Why a render did not produce a plan.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +38,9 @@ pub enum RenderError {
     /// The plugin reported an error.
     #[error("reconcile failed: {0}")]
     Plugin(PluginError),
+    /// `customize` reported an error.
+    #[error("customize failed: {0}")]
+    Customize(PluginError),
     /// The plugin's output was refused.
     #[error("plugin output refused: {0}")]
     Violation(#[from] Violation),
@@ -49,12 +54,114 @@ pub struct Rendered {
     pub plan: Plan,
 }
 
-/// Reads the parent and the observed children from YAML files.
+/// Reads the related objects that exist (YAML) for `capstan render --related`: each of
+/// a declared related kind. Which of them the plugin sees is what `customize` asks for.
+pub fn read_related(info: &PluginInfo, path: &Path) -> Result<Vec<RelatedObject>, RenderError> {
+    let mut out = Vec::new();
+    for mut object in read_objects(path)? {
+        let (api_version, kind) = type_of(&object);
+        let Some(index) = info
+            .related
+            .iter()
+            .position(|k| k.matches(&api_version, &kind))
+        else {
+            return Err(RenderError::Input {
+                path: path.display().to_string(),
+                reason: format!(
+                    "{kind}.{api_version} is not a related kind of plugin {}",
+                    info.name
+                ),
+            });
+        };
+        if info.related[index].namespaced
+            && let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            meta.entry("namespace").or_insert_with(|| json!("default"));
+        }
+        out.push(RelatedObject {
+            kind_index: index as u32,
+            object,
+        });
+    }
+    Ok(out)
+}
+
+/// Calls `customize` for the parent of `observed` and fills `observed.related` with the
+/// objects of `existing` its requests select, as `capstan run` does from its caches:
+/// in the parent's namespace, by name or by labels. Returns the requests.
+pub fn customize(
+    plugin: &Plugin,
+    observed: &mut Observed,
+    existing: &[RelatedObject],
+) -> Result<Vec<RelatedRequest>, RenderError> {
+    let requests = plugin
+        .customize_blocking(&observed.parent)?
+        .map_err(RenderError::Customize)?;
+    let info = plugin.info();
+    validate::related_requests(info, &requests)?;
+    let namespace = observed
+        .parent
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str);
+    observed.related = existing
+        .iter()
+        .filter(|o| {
+            let kind = &info.related[o.kind_index as usize];
+            let ns = if kind.namespaced { namespace } else { None };
+            requests
+                .iter()
+                .any(|r| r.kind_index == o.kind_index && r.selector.selects(&o.object, ns))
+        })
+        .cloned()
+        .collect();
+    if observed.related.len() > validate::MAX_RELATED_OBJECTS {
+        return Err(Violation::TooLarge {
+            what: "the related objects customize selected".into(),
+            size: observed.related.len(),
+            limit: validate::MAX_RELATED_OBJECTS,
+        }
+        .into());
+    }
+    Ok(requests)
+}
+
+/// Whether a selector selects an object, the way the host's caches select it.
+impl Selector {
+    /// Whether this selects `object` for a parent in `namespace` (none: the kind is
+    /// cluster-scoped).
+    pub fn selects(&self, object: &Value, namespace: Option<&str>) -> bool {
+        if object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            != namespace
+        {
+            return false;
+        }
+        match self {
+            Selector::Name(name) => {
+                object.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+            }
+            Selector::Labels(labels) => labels.iter().all(|(k, v)| {
+                object
+                    .pointer("/metadata/labels")
+                    .and_then(|l| l.get(k))
+                    .and_then(Value::as_str)
+                    == Some(v)
+            }),
+        }
+    }
+}
+
+/// Reads the parent and the observed children from YAML files. A parent written in
+/// another version of the plugin's kind (the same group and kind) is converted by the
+/// plugin's `convert`, when it converts, as the API server would before a watch event
+/// reaches the host.
 pub fn read_observed(
-    info: &PluginInfo,
+    plugin: &Plugin,
     parent_path: &Path,
     observed_path: Option<&Path>,
 ) -> Result<Observed, RenderError> {
+    let info = plugin.info();
     let mut parents = read_objects(parent_path)?;
     let name = parent_path.display().to_string();
     if parents.len() != 1 {
@@ -64,6 +171,17 @@ pub fn read_observed(
         });
     }
     let mut parent = parents.remove(0);
+    let (api_version, kind) = type_of(&parent);
+    let same_group =
+        api_version.rsplit_once('/').map(|(group, _)| group) == Some(&info.parent.group);
+    if info.conversion && kind == info.parent.kind && same_group {
+        parent = crate::convert::convert(plugin, parent, &info.parent.version).map_err(|e| {
+            RenderError::Input {
+                path: name.clone(),
+                reason: format!("cannot convert it to {}: {e}", info.parent.api_version()),
+            }
+        })?;
+    }
     let (api_version, kind) = type_of(&parent);
     if !info.parent.matches(&api_version, &kind) {
         return Err(RenderError::Input {
@@ -98,7 +216,11 @@ pub fn read_observed(
             });
         }
     }
-    Ok(Observed { parent, children })
+    Ok(Observed {
+        parent,
+        children,
+        related: Vec::new(),
+    })
 }
 
 /// Calls the plugin and plans the result, as `capstan run` does before applying. It

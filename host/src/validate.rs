@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::contract::{Condition, KindRef, PluginInfo};
+use crate::contract::{Condition, KindRef, PluginInfo, RelatedRequest, Selector};
 
 /// Largest child manifest accepted, in bytes of JSON (etcd refuses objects above ~1.5 MiB).
 pub const MAX_CHILD_BYTES: usize = 1 << 20;
@@ -101,6 +101,76 @@ pub enum Violation {
         /// What is wrong.
         reason: String,
     },
+    /// `customize` asked for something the host does not serve.
+    #[error("customize: {0}")]
+    Related(String),
+    /// `finalize` named a child to delete that is not a declared kind.
+    #[error("finalize: {0}")]
+    Teardown(String),
+}
+
+/// How many requests `customize` may return (the contract says so).
+pub const MAX_RELATED_REQUESTS: usize = 64;
+
+/// How many related objects one call may receive, all requests together.
+pub const MAX_RELATED_OBJECTS: usize = 1000;
+
+/// Checks what `customize` returned against what the plugin declared: declared related
+/// kinds only, names that cannot reach another namespace, labels that are labels,
+/// label selectors only on namespaced kinds, and at most [`MAX_RELATED_REQUESTS`].
+pub fn related_requests(info: &PluginInfo, requests: &[RelatedRequest]) -> Result<(), Violation> {
+    let bad = |m: String| Err(Violation::Related(m));
+    if requests.len() > MAX_RELATED_REQUESTS {
+        return Err(Violation::TooLarge {
+            what: "the requests of customize".into(),
+            size: requests.len(),
+            limit: MAX_RELATED_REQUESTS,
+        });
+    }
+    for request in requests {
+        let Some(kind) = info.related.get(request.kind_index as usize) else {
+            return bad(format!(
+                "kind index {} is not a declared related kind (the plugin declares {})",
+                request.kind_index,
+                info.related.len()
+            ));
+        };
+        match &request.selector {
+            // A name with a '/' or '..' could reach another namespace in a URL; names are
+            // DNS subdomains, which have neither.
+            Selector::Name(name) => {
+                if let Err(reason) = dns_subdomain(name) {
+                    return bad(format!("{} name {name:?}: {reason}", kind.kind));
+                }
+            }
+            Selector::Labels(labels) => {
+                if !kind.namespaced {
+                    return bad(format!(
+                        "{} is cluster-scoped: ask for its objects by name, not by labels",
+                        kind.kind
+                    ));
+                }
+                for (key, value) in labels {
+                    if key.is_empty()
+                        || key.len() > 317
+                        || value.len() > 63
+                        || !key.bytes().all(|b| {
+                            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/')
+                        })
+                        || !value
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+                    {
+                        return bad(format!(
+                            "{} label {key:?}={value:?} is not a valid label",
+                            kind.kind
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks a plugin's declaration.
@@ -133,6 +203,23 @@ pub fn plugin_info(info: &PluginInfo) -> Result<(), Violation> {
                 "child kind {child} is namespaced; a cluster-scoped parent can only own cluster-scoped children"
             ));
         }
+    }
+    for related in &info.related {
+        kind_ref(related)
+            .map_err(|m| Violation::Info(format!("related kind {}: {m}", related.kind)))?;
+        if related == &info.parent || info.children.contains(related) {
+            return bad(format!(
+                "related kind {related} is also the parent or a child kind; a related kind is only read"
+            ));
+        }
+        if !info.parent.namespaced && related.namespaced {
+            return bad(format!(
+                "related kind {related} is namespaced; a cluster-scoped parent has no namespace to read it in"
+            ));
+        }
+    }
+    if info.conversion && info.crd.is_none() {
+        return bad("the plugin converts between versions but ships no CRD to serve them".into());
     }
     if let Some(crd) = &info.crd {
         let crd: Value = serde_json::from_str(crd)
@@ -389,6 +476,7 @@ mod tests {
             finalizer: false,
             resync_seconds: None,
             crd: None,
+            ..Default::default()
         }
     }
 

@@ -75,7 +75,11 @@ fn observed(plugin: &Plugin, parent: Value, children: &[Value]) -> Observed {
             }
         })
         .collect();
-    Observed { parent, children }
+    Observed {
+        parent,
+        children,
+        related: Vec::new(),
+    }
 }
 
 /// `capstan` with a compile cache shared by this file's tests: the component takes
@@ -143,7 +147,7 @@ fn masked(rendered: &Value) -> String {
 fn postgresql_databases_become_one_cluster_and_match_the_golden_files() {
     let plugin = load();
     for (name, version, replicas, cluster_version) in [
-        ("database-postgresql-replicas-1", "16", 1, "16.10"),
+        ("database-postgresql-replicas-1", "16", 1, "16.15"),
         ("database-postgresql-replicas-3", "17.2", 3, "17.2"),
     ] {
         let out = render(
@@ -182,6 +186,7 @@ fn the_cluster_it_writes_is_accepted_by_the_postgresql_plugin() {
         &Observed {
             parent: cluster,
             children: vec![],
+            related: Vec::new(),
         },
         NOW,
     )
@@ -191,7 +196,7 @@ fn the_cluster_it_writes_is_accepted_by_the_postgresql_plugin() {
     assert_eq!(sts["spec"]["replicas"], 3);
     assert_eq!(
         sts["spec"]["template"]["spec"]["containers"][0]["image"],
-        "postgres:16.10"
+        "postgres:16.15"
     );
 }
 

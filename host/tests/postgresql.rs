@@ -1,7 +1,8 @@
 //! The PostgreSQLCluster plugin through the host's render path, with no cluster: golden
 //! files for fresh clusters (1 and 3 instances, with and without a backup schedule), a
-//! running cluster, and each refused change; and the password's life: random, kept when
-//! the Secret is observed, and nowhere but in the Secret.
+//! running cluster, and each refused change; the password's life: random, kept when
+//! the Secret is observed, and nowhere but in the Secret; the teardown waves through
+//! `finalize`; and admission through `validate` and `capstan validate`.
 //!
 //! Regenerate the golden files with `CAPSTAN_UPDATE_GOLDEN=1`. Passwords and the scripts
 //! are masked in them; the scripts are compared with plugins/postgresql/scripts/ here.
@@ -14,7 +15,9 @@ use std::time::Duration;
 use capstan::contract::{Observed, ObservedChild};
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
 use capstan::render;
-use common::{assert_golden, capstan, child, kinds_and_names, plugin, root, secret_data};
+use common::{
+    assert_fails_with, assert_golden, capstan, child, kinds_and_names, plugin, root, secret_data,
+};
 use serde_json::{Value, json};
 
 const NOW: &str = "2026-01-01T00:00:00Z";
@@ -55,8 +58,8 @@ fn spec(replicas: u32, version: &str, storage: &str, schedule: Option<&str>) -> 
     spec
 }
 
-/// One reconcile through the host's render path, as JSON.
-fn render(plugin: &Plugin, parent: Value, children: &[Value]) -> Value {
+/// What the host would pass the plugin: `parent` and `children` matched to its kinds.
+fn observed(plugin: &Plugin, parent: Value, children: &[Value]) -> Observed {
     let children = children
         .iter()
         .map(|c| {
@@ -76,7 +79,16 @@ fn render(plugin: &Plugin, parent: Value, children: &[Value]) -> Value {
             }
         })
         .collect();
-    let rendered = render::render(plugin, &Observed { parent, children }, NOW)
+    Observed {
+        parent,
+        children,
+        related: Vec::new(),
+    }
+}
+
+/// One reconcile through the host's render path, as JSON.
+fn render(plugin: &Plugin, parent: Value, children: &[Value]) -> Value {
+    let rendered = render::render(plugin, &observed(plugin, parent, children), NOW)
         .unwrap_or_else(|e| panic!("render failed: {e}"));
     serde_json::to_value(&rendered).unwrap()
 }
@@ -346,13 +358,19 @@ fn refused_changes_match_the_golden_files_and_change_nothing() {
             "postgresql-refused-major-version",
             spec(3, "17.2", "1Gi", Some("0 2 * * *")),
             "MajorVersionChange",
-            "spec.version 17.2 is a major version change from the running 16.1",
+            "spec.version 17.2 is a major version change from 16.1",
         ),
         (
             "postgresql-refused-storage",
             spec(3, "16.1", "5Gi", Some("0 2 * * *")),
             "StorageChange",
-            "spec.storage 5Gi differs from the 1Gi the cluster was created with",
+            "spec.storage 5Gi is larger than 1Gi",
+        ),
+        (
+            "postgresql-refused-storage-shrink",
+            spec(3, "16.1", "500Mi", Some("0 2 * * *")),
+            "StorageShrink",
+            "spec.storage 500Mi is smaller than 1Gi: a volume cannot shrink",
         ),
         (
             "postgresql-refused-schedule",
@@ -380,6 +398,10 @@ fn refused_changes_match_the_golden_files_and_change_nothing() {
         assert_eq!(ready["reason"], reason, "{name}");
         let message = ready["message"].as_str().unwrap();
         assert!(message.contains(says), "{name}: {message}");
+        assert!(
+            message.ends_with("; nothing was changed"),
+            "{name}: {message}"
+        );
         assert_eq!(
             out["events"],
             json!([{"type": "Warning", "reason": reason, "message": message}]),
@@ -426,4 +448,159 @@ fn the_shipped_crd_is_what_the_plugin_describes() {
     let info: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     assert_eq!(info["name"], "postgresql");
     assert_eq!(info["parent"]["kind"], "PostgreSQLCluster");
+    assert_eq!(info["finalizer"], true);
+    assert_eq!(info["validation"], "Fail");
+}
+
+/// `finalize` through the host, from a running cluster to done: each wave names what is
+/// left of its kinds, and the next call sees the children without it.
+#[test]
+fn teardown_goes_in_waves_through_the_host() {
+    let plugin = load();
+    let p = parent(spec(3, "16.1", "1Gi", Some("0 2 * * *")), Value::Null);
+    let mut children = as_observed(&render(&plugin, p.clone(), &[]), 3);
+    let mut deleting = p;
+    deleting["metadata"]["deletionTimestamp"] = json!(NOW);
+    deleting["metadata"]["finalizers"] = json!(["capstan.dev/finalizer"]);
+    let mut waves = Vec::new();
+    loop {
+        let result = plugin
+            .finalize_blocking(&observed(&plugin, deleting.clone(), &children))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("finalize failed: {e}"));
+        if result.delete.is_empty() {
+            assert!(result.done, "no wave and not done after {waves:?}");
+            break;
+        }
+        let wave: Vec<String> = result
+            .delete
+            .iter()
+            .map(|r| {
+                let kind = &plugin.info().children[r.kind_index as usize].kind;
+                format!("{kind}/{}", r.name)
+            })
+            .collect();
+        children.retain(|c| {
+            let name = format!(
+                "{}/{}",
+                c["kind"].as_str().unwrap(),
+                c["metadata"]["name"].as_str().unwrap()
+            );
+            !wave.contains(&name)
+        });
+        waves.push(wave);
+        assert!(waves.len() <= 3, "{waves:?}");
+    }
+    assert_eq!(
+        waves,
+        [
+            vec![
+                "CronJob/pg-dump",
+                "Service/pg",
+                "Service/pg-r",
+                "Service/pg-rw"
+            ],
+            vec!["StatefulSet/pg"],
+            vec!["Secret/pg-credentials"],
+        ]
+    );
+}
+
+/// Admission through the host's `validate` call: each refusal with its own one-line
+/// message, and allowed changes with their warnings.
+#[test]
+fn admission_refuses_with_one_line_messages() {
+    let plugin = load();
+    let running = parent(spec(3, "16.1", "1Gi", Some("0 2 * * *")), Value::Null);
+    for (old, new, says) in [
+        (
+            Some(&running),
+            spec(3, "17.1", "1Gi", Some("0 2 * * *")),
+            "spec.version 17.1 is a major version change from 16.1: that needs pg_upgrade",
+        ),
+        (
+            Some(&running),
+            spec(3, "16.1", "500Mi", Some("0 2 * * *")),
+            "spec.storage 500Mi is smaller than 1Gi: a volume cannot shrink; set spec.storage back to 1Gi",
+        ),
+        (
+            Some(&running),
+            spec(3, "16.1", "2G", Some("0 2 * * *")),
+            "spec.storage 2G is larger than 1Gi: a StatefulSet's volume claim templates cannot change",
+        ),
+        (
+            Some(&running),
+            spec(3, "16.1", "1Gi", Some("0 2 * *")),
+            "spec.backupSchedule is not a valid cron expression: \"0 2 * *\" has 4 fields",
+        ),
+        (
+            None,
+            spec(3, "16.1", "1Gi", Some("nightly")),
+            "spec.backupSchedule is not a valid cron expression",
+        ),
+        (
+            None,
+            spec(9, "16.1", "1Gi", None),
+            "spec.replicas is 9; it must be between 1 and 7",
+        ),
+    ] {
+        let refused = plugin
+            .validate_blocking(old, &parent(new, Value::Null))
+            .unwrap()
+            .expect_err(says);
+        assert!(refused.starts_with(says), "{refused}");
+        assert_eq!(refused.lines().count(), 1, "{refused}");
+    }
+    let minor = parent(spec(1, "16.2", "1024Mi", None), Value::Null);
+    let warnings = plugin
+        .validate_blocking(Some(&running), &minor)
+        .unwrap()
+        .unwrap_or_else(|e| panic!("refused: {e}"));
+    assert_eq!(
+        warnings,
+        [
+            "the instances restart one by one to run postgres:16.2 (standbys first, the primary last): writes pause while the primary restarts",
+            "spec.replicas 3 -> 1: the highest instances stop; their volumes are kept",
+        ]
+    );
+    assert_eq!(
+        plugin.validate_blocking(None, &running).unwrap(),
+        Ok(Vec::new())
+    );
+}
+
+/// `capstan validate` on the sample: allowed as it is, refused on one line shrunk.
+#[test]
+fn cli_validate_of_the_sample() {
+    let sample = root().join("crds/samples/postgresqlcluster.yaml");
+    let wasm = plugin("postgresql");
+    let out = capstan(&[
+        "validate",
+        "--plugin",
+        wasm.to_str().unwrap(),
+        "--new",
+        sample.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let shrunk = dir.path().join("shrunk.yaml");
+    let text = std::fs::read_to_string(&sample).unwrap();
+    assert!(text.contains("storage: 1Gi"), "the sample changed: {text}");
+    std::fs::write(&shrunk, text.replace("storage: 1Gi", "storage: 512Mi")).unwrap();
+    assert_fails_with(
+        &[
+            "validate",
+            "--plugin",
+            wasm.to_str().unwrap(),
+            "--old",
+            sample.to_str().unwrap(),
+            "--new",
+            shrunk.to_str().unwrap(),
+        ],
+        "capstan: refused: spec.storage 512Mi is smaller than 1Gi: a volume cannot shrink",
+    );
 }

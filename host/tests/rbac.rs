@@ -1,4 +1,4 @@
-//! `capstan rbac` and the ClusterRole checked in under deploy/.
+//! `capstan rbac` and the ClusterRole checked in under deploy/ (kustomize and Helm).
 
 mod common;
 
@@ -14,15 +14,21 @@ fn the_checked_in_cluster_role_is_what_capstan_rbac_prints() {
         String::from_utf8_lossy(&out.stderr)
     );
     let printed: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
-    let path = root().join("deploy/base/clusterrole.yaml");
-    let checked_in: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(
-        printed,
-        checked_in,
-        "{} is stale: regenerate it with `capstan rbac --plugins target/plugins`",
-        path.display()
-    );
+    // The kustomize base's, and the Helm chart's copy (its ClusterRole takes the rules).
+    for file in [
+        "deploy/base/clusterrole.yaml",
+        "deploy/helm/capstan/files/clusterrole.yaml",
+    ] {
+        let path = root().join(file);
+        let checked_in: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(
+            printed,
+            checked_in,
+            "{} is stale: regenerate it with `capstan rbac --plugins target/plugins`",
+            path.display()
+        );
+    }
 }
 
 #[test]

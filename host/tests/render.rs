@@ -23,6 +23,7 @@ fn render_uuid(status: Value) -> Value {
         &Observed {
             parent,
             children: vec![],
+            related: Vec::new(),
         },
         "2026-01-01T00:00:00Z",
     )
@@ -94,6 +95,7 @@ fn widget_children_are_decorated_by_the_host() {
         &Observed {
             parent,
             children: vec![],
+            related: Vec::new(),
         },
         "2026-01-01T00:00:00Z",
     )
@@ -145,6 +147,7 @@ fn a_plugin_built_with_cargo_component_renders_too() {
         &Observed {
             parent,
             children: vec![],
+            related: Vec::new(),
         },
         "t",
     )

@@ -46,7 +46,7 @@ fn a_component_built_for_another_contract_version_is_refused() {
     let path = patched_uuid(
         &dir,
         "future.wasm",
-        b"capstan:plugin/reconciler@0.1.0",
+        b"capstan:plugin/reconciler@0.2.0",
         b"capstan:plugin/reconciler@2.0.0",
     );
     assert_fails_with(
@@ -410,6 +410,7 @@ fn compiled_code_is_cached_on_disk() {
         parent: json!({"apiVersion": "demo.operator/v1", "kind": "Uuid",
             "metadata": {"name": "u", "namespace": "default", "uid": "uid-1", "generation": 1}}),
         children: vec![],
+        related: Vec::new(),
     };
     let answer = second.reconcile_blocking(&observed).unwrap().unwrap();
     assert!(answer.status.is_some(), "{answer:?}");
@@ -425,6 +426,93 @@ fn compiled_code_is_cached_on_disk() {
             .load_file_blocking(&plugin("uuid"))
             .is_ok()
     );
+}
+
+/// The `*.cwasm` entries of a compile cache directory.
+fn cache_entries(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .collect();
+    entries.sort();
+    entries
+}
+
+#[test]
+fn precompiled_code_is_used_only_by_an_engine_it_was_compiled_for() {
+    let plugins = tempfile::tempdir().unwrap();
+    std::fs::copy(plugin("uuid"), plugins.path().join("uuid.wasm")).unwrap();
+    std::fs::copy(plugin("postgresql"), plugins.path().join("postgresql.wasm")).unwrap();
+    let precompiled = tempfile::tempdir().unwrap();
+    let out = capstan(&[
+        "precompile",
+        plugins.path().to_str().unwrap(),
+        precompiled.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let entries = cache_entries(precompiled.path());
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    let uuid = Sandbox::new(SandboxConfig::default())
+        .unwrap()
+        .load_file_blocking(&plugin("uuid"))
+        .unwrap();
+    let (uuid_entry, postgresql_entry) = match entries[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with(uuid.sha256())
+    {
+        true => (entries[0].clone(), entries[1].clone()),
+        false => (entries[1].clone(), entries[0].clone()),
+    };
+    // The PostgreSQL plugin's code under the Uuid plugin's name: a load of uuid.wasm
+    // that answers as the PostgreSQL plugin took its code from the directory.
+    std::fs::copy(&postgresql_entry, &uuid_entry).unwrap();
+    let load = |cache: Option<&std::path::Path>, precompiled: &std::path::Path| {
+        Sandbox::new(SandboxConfig {
+            cache_dir: cache.map(|c| c.to_path_buf()),
+            precompiled_dir: Some(precompiled.to_path_buf()),
+            ..SandboxConfig::default()
+        })
+        .unwrap()
+        .load_file_blocking(&plugin("uuid"))
+        .unwrap()
+    };
+    let cache = tempfile::tempdir().unwrap();
+    let seeded = load(Some(cache.path()), precompiled.path());
+    assert_eq!(
+        seeded.info().name,
+        "postgresql",
+        "taken from the precompiled dir"
+    );
+    assert_eq!(
+        std::fs::read(cache.path().join(uuid_entry.file_name().unwrap())).unwrap(),
+        std::fs::read(&postgresql_entry).unwrap(),
+        "copied into the cache"
+    );
+    // Without a cache, the code is read from the directory.
+    assert_eq!(load(None, precompiled.path()).info().name, "postgresql");
+    // Code of another engine (another wasmtime, compiler setting or CPU) has another
+    // compatibility hash in its name: it is not found, and the plugin compiles.
+    let other_engine = uuid_entry.to_string_lossy().replace(
+        &format!("{}-", uuid.sha256()),
+        &format!("{}-0", uuid.sha256()),
+    );
+    std::fs::rename(&uuid_entry, &other_engine).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    assert_eq!(
+        load(Some(cache.path()), precompiled.path()).info(),
+        uuid.info()
+    );
+    // Code that wasmtime refuses under the right name is ignored too.
+    std::fs::write(&uuid_entry, b"garbage").unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    assert_eq!(
+        load(Some(cache.path()), precompiled.path()).info(),
+        uuid.info()
+    );
+    assert_eq!(load(None, precompiled.path()).info(), uuid.info());
 }
 
 #[test]
@@ -476,6 +564,7 @@ fn a_describe_that_changes_between_calls_is_taken_once_per_load() {
             &Observed {
                 parent: parent.clone(),
                 children: vec![],
+                related: Vec::new(),
             },
             "t",
         );

@@ -363,12 +363,21 @@ impl KindCache {
     fn tell(&self, owner: ControllerRef) {
         let mut subscribers = self.subscribers.lock().expect("subscribers lock");
         subscribers.retain(|s| {
-            if s.api_version != owner.api_version || s.kind != owner.kind {
+            // By group and kind, not version: an owner reference may name any version
+            // the parent's CRD serves (one written before the plugin moved to v1 names
+            // v1alpha1), and it is the same parent.
+            if group_of(&s.api_version) != group_of(&owner.api_version) || s.kind != owner.kind {
                 return !s.changes.is_closed();
             }
             s.changes.send(owner.clone()).is_ok()
         });
     }
+}
+
+/// The group of an `apiVersion` (`db.example.com` of `db.example.com/v1`; `""` for the
+/// core group's `v1`).
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
 /// A cache that a test feeds with watch events instead of a watch.
@@ -963,5 +972,36 @@ mod tests {
         let again = caches.watch(&configmaps());
         assert!(again.cache().synced(Duration::from_secs(10)).await);
         assert_eq!(caches.watched(), ["v1/ConfigMap"]);
+    }
+
+    #[test]
+    fn a_child_tells_its_parent_whatever_version_its_owner_reference_names() {
+        let feed = Feed::new(&configmaps());
+        let v1 = KindRef {
+            group: "db.example.com".into(),
+            version: "v1".into(),
+            kind: "PostgreSQLCluster".into(),
+            plural: "postgresqlclusters".into(),
+            namespaced: true,
+        };
+        let mut changes = feed.cache().subscribe(&v1);
+        let owner = |api_version: &str, kind: &str| ControllerRef {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "pg".into(),
+            namespace: Some("prod".into()),
+        };
+        feed.cache()
+            .tell(owner("db.example.com/v1alpha1", "PostgreSQLCluster"));
+        feed.cache()
+            .tell(owner("other.example.com/v1", "PostgreSQLCluster"));
+        feed.cache().tell(owner("db.example.com/v1", "Database"));
+        feed.cache()
+            .tell(owner("db.example.com/v1", "PostgreSQLCluster"));
+        let told: Vec<String> = std::iter::from_fn(|| changes.try_recv().ok())
+            .map(|c| c.api_version)
+            .collect();
+        assert_eq!(told, ["db.example.com/v1alpha1", "db.example.com/v1"]);
+        assert_eq!(group_of("v1"), "");
     }
 }

@@ -23,6 +23,7 @@ use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use super::reconcile::{self, Context};
+use super::related::{Key as RelatedKey, RelatedCache, RelatedCaches, RelatedWatch};
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plugin::Plugin;
@@ -47,12 +48,40 @@ pub struct ControllerOptions {
     pub force_release: ForceRelease,
 }
 
-/// A running controller; stopping it aborts its task and lets go of its child kinds'
-/// watches (a kind no other controller declares is no longer watched).
+/// The caches every controller shares: of the child kinds and of the related kinds.
+pub struct Caches {
+    /// Children, filtered to what Capstan manages, indexed by controller.
+    pub children: ChildCaches,
+    /// Related objects, by name and label, with who needs them.
+    pub related: RelatedCaches,
+}
+
+impl Caches {
+    /// No cache yet; `namespace` limits namespaced kinds to one namespace, `shard` the
+    /// children to those of its buckets' parents (related objects are not sharded: a
+    /// replica's parents may name any of them).
+    pub fn new(
+        client: Client,
+        namespace: Option<String>,
+        shard: Option<Buckets>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Caches {
+            children: ChildCaches::new(client.clone(), namespace.clone(), shard, metrics.clone()),
+            related: RelatedCaches::new(client, namespace, metrics),
+        }
+    }
+}
+
+/// A running controller; stopping it aborts its task and lets go of its child and
+/// related kinds' watches (a kind no other controller declares is no longer watched).
 pub struct RunningController {
     task: JoinHandle<()>,
     /// Held for as long as the controller runs.
     watches: Vec<KindWatch>,
+    /// Held for as long as the controller runs; dropping one forgets its parents'
+    /// requests.
+    related: Vec<RelatedWatch>,
 }
 
 impl RunningController {
@@ -61,10 +90,23 @@ impl RunningController {
         client: Client,
         plugin: Plugin,
         metrics: Arc<Metrics>,
-        caches: &ChildCaches,
+        caches: &Caches,
         opts: &ControllerOptions,
     ) -> Self {
         let info = plugin.info().clone();
+        // The related kinds first: a parent that goes away forgets its requests.
+        let (related_changes, related_rx) = tokio::sync::mpsc::unbounded_channel();
+        let related: Vec<RelatedWatch> = info
+            .related
+            .iter()
+            .map(|k| caches.related.watch(k, related_changes.clone()))
+            .collect();
+        drop(related_changes);
+        let related_caches: Vec<(Arc<RelatedCache>, u64)> = related
+            .iter()
+            .map(|w| (w.cache().clone(), w.subscriber()))
+            .collect();
+        let forget = related_caches.clone();
         let parent_kind = ParentKind::new(api_resource(&info.parent));
         let shard = opts.shard;
         let watch = watch_client(
@@ -95,7 +137,14 @@ impl RunningController {
                 .inspect_ok(move |event| match event {
                     watcher::Event::Apply(o) | watcher::Event::InitApply(o) => delivered.seen(o),
                     watcher::Event::Delete(o) => {
-                        delivered.forget(o.meta().uid.as_deref().unwrap_or_default())
+                        delivered.forget(o.meta().uid.as_deref().unwrap_or_default());
+                        let key = (
+                            o.meta().namespace.clone(),
+                            o.meta().name.clone().unwrap_or_default(),
+                        );
+                        for (cache, subscriber) in &forget {
+                            cache.forget(*subscriber, &key);
+                        }
                     }
                     watcher::Event::Init | watcher::Event::InitDone => {}
                 })
@@ -108,13 +157,30 @@ impl RunningController {
         .predicate_filter(spec_or_deletion, PredicateConfig::default());
 
         let children = ChildKinds::new(&info.children);
-        let watches: Vec<KindWatch> = info.children.iter().map(|k| caches.watch(k)).collect();
+        let watches: Vec<KindWatch> = info
+            .children
+            .iter()
+            .map(|k| caches.children.watch(k))
+            .collect();
         let kind_caches: Vec<Arc<KindCache>> = watches.iter().map(|w| w.cache().clone()).collect();
-        let triggers = futures::stream::select_all(
+        let mut triggers: Vec<futures::stream::BoxStream<'static, ObjectRef<CachedParent>>> =
             kind_caches
                 .iter()
-                .map(|cache| parents_of_changes(cache, &info.parent, parent_kind.clone())),
+                .map(|cache| parents_of_changes(cache, &info.parent, parent_kind.clone()))
+                .collect();
+        let related_kind = parent_kind.clone();
+        triggers.push(
+            tokio_stream_of(related_rx)
+                .map(move |(ns, name): RelatedKey| {
+                    let r = ObjectRef::new_with(&name, related_kind.clone());
+                    match ns {
+                        Some(ns) => r.within(&ns),
+                        None => r,
+                    }
+                })
+                .boxed(),
         );
+        let triggers = futures::stream::select_all(triggers);
         let controller = Controller::for_stream_with(parents, reader, parent_kind.clone())
             .with_config(ControllerConfig::default().concurrency(opts.concurrency))
             .reconcile_on(triggers);
@@ -128,7 +194,8 @@ impl RunningController {
                 metrics,
                 opts.default_resync,
             )
-            .with_force_release(opts.force_release.clone()),
+            .with_force_release(opts.force_release.clone())
+            .with_related(related_caches),
         );
         let name = info.name.clone();
         let task = tokio::spawn(async move {
@@ -142,7 +209,11 @@ impl RunningController {
                 })
                 .await;
         });
-        RunningController { task, watches }
+        RunningController {
+            task,
+            watches,
+            related,
+        }
     }
 
     /// Whether the controller's task ended (it only ends when stopped, or on a panic).
@@ -156,6 +227,7 @@ impl RunningController {
         self.task.abort();
         let _ = self.task.await;
         drop(self.watches);
+        drop(self.related);
     }
 }
 

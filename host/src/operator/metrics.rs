@@ -37,6 +37,12 @@ pub struct PluginState {
     /// for it, whatever a later `describe` might say.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<String>,
+    /// The related kinds that version declared (contract 0.2.0): read, never written.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<String>,
+    /// The contract release the version serving was built for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contract: Option<String>,
     /// sha256 of the version serving.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
@@ -60,6 +66,10 @@ impl PluginState {
             children: info
                 .map(|i| i.children.iter().map(ToString::to_string).collect())
                 .unwrap_or_default(),
+            related: info
+                .map(|i| i.related.iter().map(ToString::to_string).collect())
+                .unwrap_or_default(),
+            contract: serving.map(|p| p.contract().to_string()),
             sha256: serving.map(|p| p.sha256().to_string()),
             serving: serving.is_some(),
             error,

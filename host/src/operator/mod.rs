@@ -18,7 +18,9 @@ mod parent;
 mod pipeline_tests;
 mod reconcile;
 mod registry;
+mod related;
 mod watch_client;
+pub mod webhook;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -35,6 +37,7 @@ pub use membership::ShardOptions;
 pub use metrics::{Metrics, PluginState};
 pub use reconcile::FINALIZER;
 pub use registry::{PendingReleases, PluginRegistry, RegistryOptions};
+pub use webhook::{Reach, WebhookOptions, Webhooks};
 
 use crate::plugin::Sandbox;
 use crate::shard::{self, Buckets};
@@ -52,6 +55,9 @@ pub struct OperatorOptions {
     /// Share the parents with the other replicas of a shard group (`--shards`); the
     /// registry's fence must then be one for leader election, opened by membership.
     pub shards: Option<ShardOptions>,
+    /// The admission and conversion webhook for plugins that validate or convert; none:
+    /// such plugins are refused.
+    pub webhooks: Option<WebhookOptions>,
 }
 
 /// Why the operator stopped, or could not start.
@@ -93,7 +99,7 @@ pub enum Error {
 pub async fn run(
     client: Client,
     sandbox: Sandbox,
-    opts: OperatorOptions,
+    mut opts: OperatorOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
     let dir: PathBuf = opts.registry.dir.clone();
@@ -110,13 +116,35 @@ pub async fn run(
         .map_err(|source| Error::Listen { addr, source })?;
     tracing::info!(addr = %local, "serving /metrics, /healthz, /readyz, /plugins");
     let server = tokio::spawn(http::serve(listener, metrics.clone()));
-    tokio::pin!(shutdown);
     // The controllers write through a client that asks the fence again just before each
     // write leaves (fenced_client); the Leases are renewed through the plain one.
     let writer = match opts.registry.controller.fence.can_shut() {
         true => fenced_client(&client, opts.registry.controller.fence.clone()),
         false => client.clone(),
     };
+    let webhooks = opts
+        .webhooks
+        .take()
+        .map(|w| Webhooks::new(client.clone(), writer.clone(), w));
+    opts.registry.webhooks = webhooks.clone();
+    let result = run_with(client, writer, sandbox, opts, metrics, shutdown, server).await;
+    if let Some(webhooks) = webhooks {
+        webhooks.stop().await;
+    }
+    result
+}
+
+/// [`run`] once the endpoints serve and the webhook is set up.
+async fn run_with(
+    client: Client,
+    writer: Client,
+    sandbox: Sandbox,
+    opts: OperatorOptions,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()>,
+    server: tokio::task::JoinHandle<()>,
+) -> Result<(), Error> {
+    tokio::pin!(shutdown);
     if let Some(shards) = opts.shards {
         let result = run_sharded(
             client,
@@ -136,14 +164,35 @@ pub async fn run(
         .leader_election
         .map(|le| LeaseLock::new(client.clone(), le, opts.registry.controller.fence.clone()));
     if let Some(lock) = &lock {
-        // A standby is a healthy, ready process: it just does not reconcile.
+        // A standby is a healthy, ready process: it just does not reconcile. It serves
+        // the webhook, when its certificate is shared, since the webhook's Service sends
+        // requests to every ready replica.
         metrics.set_ready();
-        tokio::select! {
-            _ = lock.acquire() => {}
-            _ = &mut shutdown => {
-                server.abort();
-                return Ok(());
-            }
+        let standby = opts
+            .registry
+            .webhooks
+            .clone()
+            .filter(Webhooks::shares_certificate)
+            .map(|w| {
+                tokio::spawn(w.serve_standby(
+                    opts.registry.dir.clone(),
+                    sandbox.clone(),
+                    opts.registry.poll_interval,
+                ))
+            });
+        let acquired = tokio::select! {
+            _ = lock.acquire() => true,
+            _ = &mut shutdown => false,
+        };
+        if let Some(standby) = standby {
+            standby.abort();
+        }
+        if !acquired {
+            server.abort();
+            return Ok(());
+        }
+        if let Some(webhooks) = &opts.registry.webhooks {
+            webhooks.leading().await;
         }
     }
     metrics.set_leader(true);

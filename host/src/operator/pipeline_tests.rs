@@ -14,9 +14,9 @@ use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
-use super::children::{ChildCaches, Feed};
+use super::children::Feed;
 use super::cluster::{ChildKinds, ClusterWrites};
-use super::controller::{ControllerOptions, RunningController};
+use super::controller::{Caches, ControllerOptions, RunningController};
 use super::fake_api::{self, Call, Calls, Store};
 use super::freshness::OwnWrites;
 use super::leader::WriteFence;
@@ -621,7 +621,7 @@ async fn a_child_kind_is_watched_while_a_running_plugin_declares_it() {
     let store = Store::new();
     let (client, _) = store.client();
     let metrics = Arc::new(Metrics::default());
-    let caches = ChildCaches::new(client.clone(), None, None, metrics.clone());
+    let caches = Caches::new(client.clone(), None, None, metrics.clone());
     let opts = ControllerOptions {
         namespace: None,
         default_resync: Duration::from_secs(600),
@@ -638,18 +638,18 @@ async fn a_child_kind_is_watched_while_a_running_plugin_declares_it() {
     for _ in 0..50 {
         let w = start(&widget);
         let g = start(&guard);
-        assert_eq!(caches.watched(), ["v1/ConfigMap", "v1/Service"]);
+        assert_eq!(caches.children.watched(), ["v1/ConfigMap", "v1/Service"]);
         w.stop().await;
         assert_eq!(
-            caches.watched(),
+            caches.children.watched(),
             ["v1/ConfigMap"],
             "guard still declares it"
         );
         // A new version of the widget plugin, while the guard runs.
         let w = start(&widget);
-        assert_eq!(caches.watched(), ["v1/ConfigMap", "v1/Service"]);
+        assert_eq!(caches.children.watched(), ["v1/ConfigMap", "v1/Service"]);
         g.stop().await;
         w.stop().await;
-        assert!(caches.watched().is_empty());
+        assert!(caches.children.watched().is_empty());
     }
 }

@@ -5,9 +5,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::Resource;
-use kube::api::DynamicObject;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{DynamicObject, PropagationPolicy};
 use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
 use serde_json::Value;
 use tracing::{debug, info, instrument, warn};
 
@@ -19,10 +20,11 @@ use super::finalizers::ForceRelease;
 use super::freshness::{AppliedChildren, CacheState, Expectations, OwnWrites, Written};
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
-use crate::contract::{Observed, ObservedChild, PluginError};
+use super::related::RelatedCache;
+use crate::contract::{ChildRef, Observed, ObservedChild, PluginError, RelatedObject, Selector};
 use crate::plan::{self, Plan};
 use crate::plugin::{CallError, Plugin};
-use crate::validate::Violation;
+use crate::validate::{self, Violation};
 
 /// Finalizer the host puts on parents whose plugin asks for one.
 pub const FINALIZER: &str = "capstan.dev/finalizer";
@@ -53,6 +55,9 @@ pub struct Context {
     failures: Mutex<HashMap<String, (u32, Instant)>>,
     /// Parents being deleted that an administrator lets go without `finalize`.
     force_release: ForceRelease,
+    /// The caches of the related kinds, in the order of `PluginInfo::related`, each
+    /// with this controller's subscription to it.
+    related: Vec<(Arc<RelatedCache>, u64)>,
 }
 
 impl Context {
@@ -80,7 +85,15 @@ impl Context {
             default_resync,
             failures: Mutex::new(HashMap::new()),
             force_release: ForceRelease::default(),
+            related: Vec::new(),
         }
+    }
+
+    /// The same context, reading related objects from `related` (one cache per related
+    /// kind, in declaration order, with this controller's subscription).
+    pub fn with_related(mut self, related: Vec<(Arc<RelatedCache>, u64)>) -> Self {
+        self.related = related;
+        self
     }
 
     /// The same context, letting go the parents `force` names without `finalize`
@@ -120,9 +133,64 @@ impl Context {
         Ok(observed)
     }
 
-    /// Waits (bounded) until every child kind's cache completed its first list.
+    /// The related objects `customize` asks for, for `parent`, as the caches hold them;
+    /// records the requests, so that a change to what they select reconciles it again.
+    async fn observed_related(
+        &self,
+        obj: &DynamicObject,
+        parent: &Value,
+    ) -> Result<Vec<RelatedObject>, Failure> {
+        if self.related.is_empty() {
+            return Ok(Vec::new());
+        }
+        let requests = self.plugin.customize_async(parent).await??;
+        validate::related_requests(self.plugin.info(), &requests)?;
+        let key = (obj.metadata.namespace.clone(), obj.name_any());
+        let mut observed = Vec::new();
+        for (index, (cache, subscriber)) in self.related.iter().enumerate() {
+            let selectors: Vec<Selector> = requests
+                .iter()
+                .filter(|r| r.kind_index as usize == index)
+                .map(|r| r.selector.clone())
+                .collect();
+            for object in cache.select_for(*subscriber, &key, &selectors) {
+                if observed.len() == validate::MAX_RELATED_OBJECTS {
+                    return Err(Violation::TooLarge {
+                        what: "the related objects customize selected".into(),
+                        size: observed.len() + 1,
+                        limit: validate::MAX_RELATED_OBJECTS,
+                    }
+                    .into());
+                }
+                let object = serde_json::to_value(&*object).map_err(|e| {
+                    Failure::Retry(format!("cannot read a cached related object: {e}"))
+                })?;
+                observed.push(RelatedObject {
+                    kind_index: index as u32,
+                    object,
+                });
+            }
+        }
+        Ok(observed)
+    }
+
+    /// Forgets what a parent that is gone asked for.
+    fn forget_related(&self, obj: &DynamicObject) {
+        let key = (obj.metadata.namespace.clone(), obj.name_any());
+        for (cache, subscriber) in &self.related {
+            cache.forget(*subscriber, &key);
+        }
+    }
+
+    /// Waits (bounded) until every child and related kind's cache completed its first
+    /// list.
     async fn caches_synced(&self) -> Result<(), Failure> {
         for cache in &self.caches {
+            if !cache.synced(CACHE_SYNC_TIMEOUT).await {
+                return Err(Failure::CacheNotSynced(cache.kind().to_string()));
+            }
+        }
+        for (cache, _) in &self.related {
             if !cache.synced(CACHE_SYNC_TIMEOUT).await {
                 return Err(Failure::CacheNotSynced(cache.kind().to_string()));
             }
@@ -265,11 +333,14 @@ impl From<PluginError> for Failure {
 pub struct ReportError(String);
 
 /// The reconcile function handed to `kube::runtime::Controller`.
-#[instrument(skip_all, fields(plugin = %ctx.plugin.info().name, name = obj.meta().name.as_deref().unwrap_or_default(), namespace = obj.meta().namespace.as_deref().unwrap_or_default()))]
-pub async fn reconcile(obj: Arc<CachedParent>, ctx: Arc<Context>) -> Result<Action, ReportError> {
+#[instrument(skip_all, fields(plugin = %ctx.plugin.info().name, name = cached.meta().name.as_deref().unwrap_or_default(), namespace = cached.meta().namespace.as_deref().unwrap_or_default()))]
+pub async fn reconcile(
+    cached: Arc<CachedParent>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReportError> {
     let _timer = ctx.metrics.reconcile_timer(&ctx.plugin.info().name);
     // The cache may not show this host's last write of the parent yet.
-    let obj = ctx.own_writes.freshest(&obj, &ctx.parent_kind);
+    let obj = ctx.own_writes.freshest(&cached, &ctx.parent_kind);
     let uid = obj.metadata.uid.clone().unwrap_or_default();
     let parent = serde_json::to_value(&*obj).map_err(|e| ReportError(e.to_string()))?;
     match reconcile_parent(&obj, &parent, &ctx).await {
@@ -306,7 +377,15 @@ pub async fn reconcile(obj: Arc<CachedParent>, ctx: Arc<Context>) -> Result<Acti
                 _ => {}
             }
             warn!(reason = failure.reason(), code = ?api_code(&failure), "reconcile failed: {failure}");
-            report_failure(&obj, &parent, &ctx, &failure).await;
+            // The reconcile may have written the parent (its finalizer) before failing:
+            // the report goes on that version, else it is refused as a conflict.
+            let obj = ctx.own_writes.freshest(&cached, &ctx.parent_kind);
+            let parent = serde_json::to_value(&*obj).map_err(|e| ReportError(e.to_string()))?;
+            if !report_failure(&obj, &parent, &ctx, &failure).await {
+                // Not on the parent yet (another writer was first): report again soon,
+                // or a failure that waits for a new spec would never show.
+                return Ok(Action::requeue(jittered(CONFLICT_RETRY)));
+            }
             Ok(match reaction {
                 Reaction::ReportAndBackoff => Action::requeue(ctx.backoff(&uid)),
                 Reaction::ReportAndResync => Action::requeue(jittered(ctx.resync())),
@@ -375,13 +454,15 @@ async fn reconcile_parent(
     }
     let uid = obj.metadata.uid.as_deref().unwrap_or_default();
     if obj.metadata.deletion_timestamp.is_some() {
+        if info.finalizer && has_finalizer && !ctx.force_release.applies(&info.parent, obj) {
+            // The expectations of a teardown wave stay until finalize is done.
+            return finalize(obj, parent, ctx).await;
+        }
         ctx.expectations.forget(uid);
         ctx.own_writes.forget(uid);
+        ctx.forget_related(obj);
         if has_finalizer && ctx.force_release.applies(&info.parent, obj) {
             return force_release(obj, ctx).await.map(Reconciled::Done);
-        }
-        if info.finalizer && has_finalizer {
-            return finalize(obj, parent, ctx).await.map(Reconciled::Done);
         }
         // Kubernetes garbage-collects the children through their ownerReferences.
         return Ok(Reconciled::Done(Action::await_change()));
@@ -424,6 +505,7 @@ async fn reconcile_live(
     let observed = Observed {
         parent: parent.clone(),
         children: ctx.observed_children(obj)?,
+        related: ctx.observed_related(obj, parent).await?,
     };
     let desired = ctx.plugin.reconcile_async(&observed).await??;
     let plan = plan::plan(info, parent, desired, &plan::now())?;
@@ -605,11 +687,41 @@ async fn write_children(
     Ok(conflicts)
 }
 
-async fn finalize(obj: &DynamicObject, parent: &Value, ctx: &Context) -> Result<Action, Failure> {
+/// One step of a parent's teardown: calls `finalize` once the caches show the last
+/// wave gone, deletes the next wave it names, or removes the finalizer when it is done.
+async fn finalize(
+    obj: &DynamicObject,
+    parent: &Value,
+    ctx: &Context,
+) -> Result<Reconciled, Failure> {
     ctx.caches_synced().await?;
+    let uid = obj.metadata.uid.as_deref().unwrap_or_default();
+    let seen = |index: usize, key: &Key| {
+        ctx.caches
+            .get(index)
+            .map_or(Cached::Absent, |c| c.lookup(key))
+    };
+    match ctx.expectations.check(uid, seen, WAVE_LIMIT) {
+        CacheState::Current => {}
+        CacheState::Behind => return Ok(Reconciled::CacheBehind),
+        CacheState::GaveUp => {
+            let message = format!(
+                "children of the last teardown wave are still there after {}s; finalize runs again",
+                WAVE_LIMIT.as_secs()
+            );
+            warn!("{message}");
+            ctx.cluster
+                .publish(obj, &plan::warning("TeardownWaveSlow", message))
+                .await;
+        }
+    }
     let observed = Observed {
         parent: parent.clone(),
         children: ctx.observed_children(obj)?,
+        related: ctx
+            .observed_related(obj, parent)
+            .await
+            .map_err(|e| Failure::FinalizeFailed(e.to_string()))?,
     };
     let result = match ctx.plugin.finalize_async(&observed).await {
         Ok(Ok(result)) => result,
@@ -619,14 +731,102 @@ async fn finalize(obj: &DynamicObject, parent: &Value, ctx: &Context) -> Result<
     for event in &result.events {
         ctx.cluster.publish(obj, event).await;
     }
+    if !result.delete.is_empty() {
+        return teardown_wave(obj, &observed, &result.delete, ctx).await;
+    }
     if result.done {
         ctx.cluster.remove_finalizer(obj, FINALIZER).await?;
+        ctx.expectations.forget(uid);
+        ctx.own_writes.forget(uid);
+        ctx.forget_related(obj);
         info!("finalized; finalizer removed");
-        Ok(Action::await_change())
+        Ok(Reconciled::Done(Action::await_change()))
     } else {
         let delay = result.requeue_after_seconds.unwrap_or(5).max(1);
-        Ok(Action::requeue(Duration::from_secs(u64::from(delay))))
+        Ok(Reconciled::Done(Action::requeue(Duration::from_secs(
+            u64::from(delay),
+        ))))
     }
+}
+
+/// How long a teardown wave may take before `finalize` is called again anyway (with
+/// a Warning event): its children and what they own are deleted in the foreground, so
+/// a StatefulSet's wave lasts until its Pods have stopped.
+const WAVE_LIMIT: Duration = Duration::from_secs(100);
+
+/// Deletes the children a `finalize` named (those observed: the ones this parent
+/// controls), in the foreground and with their UID as precondition, and records them,
+/// so that `finalize` is called again only once the caches show them gone.
+async fn teardown_wave(
+    obj: &DynamicObject,
+    observed: &Observed,
+    wave: &[ChildRef],
+    ctx: &Context,
+) -> Result<Reconciled, Failure> {
+    let mut written = Written::default();
+    let mut deleted = Vec::new();
+    let mut first: Option<ObjectReference> = None;
+    for named in wave {
+        let index = named.kind_index as usize;
+        if index >= ctx.children.count() {
+            let violation = Violation::Teardown(format!(
+                "child kind index {index} to delete is not a declared child kind"
+            ));
+            return Err(Failure::FinalizeFailed(violation.to_string()));
+        }
+        let Some(child) = observed.children.iter().find(|c| {
+            c.kind_index == named.kind_index
+                && c.object.pointer("/metadata/name").and_then(Value::as_str)
+                    == Some(named.name.as_str())
+        }) else {
+            // Gone already, or never this parent's: nothing to delete.
+            continue;
+        };
+        let result = ctx
+            .cluster
+            .delete_child(&ctx.children, child, PropagationPolicy::Foreground)
+            .await;
+        if let Err(e) = result {
+            ctx.expectations
+                .expect(obj.metadata.uid.as_deref().unwrap_or_default(), written);
+            return Err(e.into());
+        }
+        let field = |p: &str| {
+            child
+                .object
+                .pointer(p)
+                .and_then(Value::as_str)
+                .map(String::from)
+        };
+        written.pruned.push((
+            index,
+            (field("/metadata/namespace"), named.name.clone()),
+            field("/metadata/uid"),
+        ));
+        let kind = ctx.children.kind(index);
+        deleted.push(format!("{} {:?}", kind.kind, named.name));
+        first.get_or_insert_with(|| ObjectReference {
+            api_version: Some(kind.api_version()),
+            kind: Some(kind.kind.clone()),
+            name: Some(named.name.clone()),
+            namespace: field("/metadata/namespace"),
+            uid: field("/metadata/uid"),
+            ..ObjectReference::default()
+        });
+    }
+    if deleted.is_empty() {
+        // The whole wave is gone: finalize again now.
+        return Ok(Reconciled::Done(Action::requeue(Duration::from_millis(1))));
+    }
+    ctx.expectations
+        .expect(obj.metadata.uid.as_deref().unwrap_or_default(), written);
+    let message = format!("teardown wave: deleting {}", deleted.join(", "));
+    info!("{message}");
+    ctx.cluster
+        .publish_about(obj, &plan::normal("TeardownWave", message), "Delete", first)
+        .await;
+    // The deletions reach this parent as child events; this is in case one is missed.
+    Ok(Reconciled::CacheBehind)
 }
 
 /// Removes the host's finalizer from a parent being deleted without calling
@@ -647,20 +847,33 @@ async fn force_release(obj: &DynamicObject, ctx: &Context) -> Result<Action, Fai
 /// only (the plugin's status fields are not touched), and a Warning event. Best effort:
 /// a failure to report is logged. A parent being deleted gets them too: it is how a
 /// `finalize` that keeps failing shows on it.
-async fn report_failure(obj: &DynamicObject, parent: &Value, ctx: &Context, failure: &Failure) {
+///
+/// Returns false when the conditions could not be written because the parent changed
+/// under them (409): the caller reports again soon.
+async fn report_failure(
+    obj: &DynamicObject,
+    parent: &Value,
+    ctx: &Context,
+    failure: &Failure,
+) -> bool {
     let conditions =
         plan::failed_conditions(parent, failure.reason(), &failure.to_string(), &plan::now());
+    let mut reported = true;
     if obj.data.pointer("/status/conditions") != Some(&conditions) {
         match ctx.cluster.write_conditions(obj, &conditions).await {
             Ok(written) => {
                 ctx.own_writes.remember(written);
                 ctx.metrics.status_written(&ctx.plugin.info().name);
             }
-            Err(e) => warn!("cannot write the failure to the status: {e}"),
+            Err(e) => {
+                warn!("cannot write the failure to the status: {e}");
+                reported = e.class() != ErrorClass::Conflict;
+            }
         }
     }
     let event = plan::warning(failure.reason(), failure.to_string());
     ctx.cluster.publish(obj, &event).await;
+    reported
 }
 
 /// What the per-parent maps of a context hold, for the pipeline tests.

@@ -23,10 +23,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-use super::children::ChildCaches;
-use super::controller::{ControllerOptions, RunningController};
+use super::controller::{Caches, ControllerOptions, RunningController};
 use super::finalizers::{FinalizerRelease, kind_label};
 use super::metrics::{Metrics, PluginState};
+use super::webhook::Webhooks;
 use crate::contract::KindRef;
 use crate::plan::HOST_FIELD_MANAGER;
 use crate::plugin::{LoadError, Plugin, Sandbox, limits, sha256_hex};
@@ -138,6 +138,9 @@ pub struct RegistryOptions {
     /// The releases of finalizers still to do, shared by the registries the process
     /// runs one after another (see [`PendingReleases`]).
     pub pending_releases: PendingReleases,
+    /// The admission and conversion webhook that serves the plugins which validate or
+    /// convert; none: such plugins are refused.
+    pub webhooks: Option<Webhooks>,
 }
 
 /// The parent kinds whose finalizers are still to be released (with the name of the
@@ -177,8 +180,8 @@ pub struct PluginRegistry {
     metrics: Arc<Metrics>,
     opts: RegistryOptions,
     files: BTreeMap<PathBuf, FileState>,
-    /// The child caches, shared by every plugin's controller.
-    caches: ChildCaches,
+    /// The child and related caches, shared by every plugin's controller.
+    caches: Caches,
     /// How many files compile at once: one per core (compiling is CPU bound).
     compiles: Arc<Semaphore>,
     /// Compiles a plugin file's bytes (the sandbox's, but for tests).
@@ -237,7 +240,7 @@ impl PluginRegistry {
         opts: RegistryOptions,
     ) -> Self {
         PluginRegistry {
-            caches: ChildCaches::new(
+            caches: Caches::new(
                 client.clone(),
                 opts.controller.namespace.clone(),
                 opts.controller.shard,
@@ -291,7 +294,7 @@ impl PluginRegistry {
             // container seeding the directory) settle first: ready before they are
             // loaded, a rollout would go on to stop the previous Pod while this one
             // still serves nothing.
-            let ready = !settling && self.caches.all_synced();
+            let ready = !settling && self.caches.children.all_synced();
             if ready {
                 self.metrics.set_ready();
             }
@@ -371,6 +374,7 @@ impl PluginRegistry {
                 controller.stop().await;
                 info!(file = %path.display(), plugin = %plugin.info().name, "plugin file removed: controller stopped, its resources left alone");
                 self.release_finalizers(&plugin);
+                self.withdraw_webhook(&path).await;
             }
             self.metrics.remove_plugin(&path.display().to_string());
         }
@@ -482,17 +486,41 @@ impl PluginRegistry {
                 .and_then(|state| state.serving.take())
             {
                 controller.stop().await;
+                self.withdraw_webhook(&other).await;
             }
             started.remove(&other);
             self.failed_for_now(&other, claimed(path, &other).to_string());
         }
+        // A plugin that converts: its CRD is created with the conversion webhook in
+        // place, and never without one (its versions would be served unconverted).
+        let conversion = match (&self.opts.webhooks, plugin.info().conversion) {
+            (_, false) => None,
+            (None, true) => {
+                return self.failed_for_now(path, no_webhook_to_convert(path, &plugin));
+            }
+            (Some(webhooks), true) => match webhooks.conversion_for(&plugin).await {
+                Ok(conversion) => Some(conversion),
+                Err(e) => {
+                    return self.failed_for_now(
+                        path,
+                        format!(
+                            "{}: cannot serve its conversion webhook: {e}",
+                            path.display()
+                        ),
+                    );
+                }
+            },
+        };
         if self.opts.install_crds
-            && let Err(e) = install_crd(&self.client, &plugin).await
+            && let Err(e) = install_crd(&self.client, &plugin, conversion).await
         {
             return self.failed_for_now(
                 path,
                 format!("{}: cannot install the CRD: {e}", path.display()),
             );
+        }
+        if let Err(e) = self.announce_webhook(path, &plugin).await {
+            return self.failed_for_now(path, e);
         }
         let previous = self.files[path]
             .serving
@@ -529,6 +557,43 @@ impl PluginRegistry {
             .set_plugin(PluginState::of(path, Some(&plugin), limits_error));
         state.serving = Some((plugin, controller));
         started.insert(path.to_path_buf());
+    }
+
+    /// Hands `plugin` to the webhook, which serves its `validate` and `convert` (if it
+    /// declares them) and tells the API server; the message when that failed. Before the
+    /// limits file is read: the webhook's timeout follows the deadline and is told
+    /// again when the file changes ([`PluginRegistry::refresh_limits`]).
+    ///
+    /// Without a webhook, a plugin that converts is refused: the API server would store
+    /// and serve its versions unconverted, pruning what one version has no field for. A
+    /// plugin that only validates is served, as a controller-runtime manager runs its
+    /// controllers without its webhook server: admission is the early answer, and
+    /// reconcile refuses the same changes once they are stored (docs/admission.md).
+    async fn announce_webhook(&self, path: &Path, plugin: &Plugin) -> Result<(), String> {
+        match &self.opts.webhooks {
+            Some(webhooks) => webhooks.update(path, Some(plugin)).await.map_err(|e| {
+                format!(
+                    "{}: cannot serve its admission webhook: {e}",
+                    path.display()
+                )
+            }),
+            None if plugin.info().conversion => Err(no_webhook_to_convert(path, plugin)),
+            None => {
+                if plugin.info().validation.is_some() {
+                    warn!(file = %path.display(), plugin = %plugin.info().name, "the plugin validates, and this host serves no webhook (--webhook-addr): changes are not checked at admission, only refused by reconcile once stored");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Takes the plugin of `path`, which serves no more, from the webhook.
+    async fn withdraw_webhook(&self, path: &Path) {
+        if let Some(webhooks) = &self.opts.webhooks
+            && let Err(e) = webhooks.update(path, None).await
+        {
+            warn!(file = %path.display(), "the webhook still names a plugin that is gone (told again later): {e}");
+        }
     }
 
     /// Starts releasing the finalizers of `plugin`'s parent kind, which no plugin serves
@@ -586,6 +651,12 @@ impl PluginRegistry {
         };
         let plugin = plugin.clone();
         let error = self.apply_limits(path, &plugin, plugin.limits_file()).await;
+        // The deadline may have changed, and the webhook's timeout with it.
+        if let Some(webhooks) = &self.opts.webhooks
+            && let Err(e) = webhooks.update(path, Some(&plugin)).await
+        {
+            warn!(file = %path.display(), "cannot tell the API server the webhook's new timeout: {e}");
+        }
         let state = self.files.get_mut(path).expect("state exists");
         state.error = error.clone();
         self.metrics
@@ -751,27 +822,58 @@ fn wasm_files_blocking(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, Listed>>
     Ok(out)
 }
 
+/// Why a plugin that converts is not served by a host without a webhook.
+fn no_webhook_to_convert(path: &Path, plugin: &Plugin) -> String {
+    format!(
+        "{}: plugin {} converts between versions of {}, and this host serves no webhook \
+         (--webhook-addr): its CRD's other versions would be served unconverted",
+        path.display(),
+        plugin.info().name,
+        plugin.info().parent
+    )
+}
+
 /// How long the host waits for an installed CRD to be served.
 const CRD_ESTABLISHED: Duration = Duration::from_secs(30);
 
-/// Applies the plugin's CRD and waits until the API server serves it.
-async fn install_crd(client: &Client, plugin: &Plugin) -> Result<()> {
+/// Applies the plugin's CRD and waits until the API server serves it. A CRD that does
+/// not exist yet is created with `conversion` (the webhook's, for a plugin that
+/// converts); one that exists keeps the conversion the webhook keeps up to date, whatever
+/// the shipped manifest says.
+async fn install_crd(
+    client: &Client,
+    plugin: &Plugin,
+    conversion: Option<serde_json::Value>,
+) -> Result<()> {
     let info = plugin.info();
     let Some(crd) = &info.crd else {
         return Err(Error::NoCrd {
             plugin: info.name.clone(),
         });
     };
-    let crd: serde_json::Value = serde_json::from_str(crd).map_err(|source| Error::CrdJson {
-        plugin: info.name.clone(),
-        source,
-    })?;
+    let mut crd: serde_json::Value =
+        serde_json::from_str(crd).map_err(|source| Error::CrdJson {
+            plugin: info.name.clone(),
+            source,
+        })?;
     let name = crd
         .pointer("/metadata/name")
         .and_then(|v| v.as_str())
         .unwrap_or_default()
         .to_string();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    if let Some(conversion) = conversion {
+        let exists = api.get_opt(&name).await.map_err(|source| Error::CrdApply {
+            name: name.clone(),
+            source,
+        })?;
+        match (exists, crd["spec"].as_object_mut()) {
+            (None, _) => crd["spec"]["conversion"] = conversion,
+            // The webhook's (its URL or Service and CA), not the shipped manifest's.
+            (Some(_), Some(spec)) => drop(spec.remove("conversion")),
+            (Some(_), None) => {}
+        }
+    }
     api.patch(
         &name,
         &PatchParams::apply(HOST_FIELD_MANAGER).force(),
@@ -833,6 +935,7 @@ mod tests {
                     force_release: ForceRelease::default(),
                 },
                 pending_releases: PendingReleases::default(),
+                webhooks: None,
             },
         )
     }

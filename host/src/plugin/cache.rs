@@ -6,6 +6,13 @@
 //! that uses the same directory, such as `capstan render` beside `capstan run`) plus the
 //! [`KEPT_UNUSED`] most recently used others; the rest (plugins removed or replaced,
 //! entries of other engine versions) is deleted whenever a new entry is written.
+//!
+//! A second, read-only directory of compiled code may stand behind the cache (the image
+//! ships its plugins precompiled, `capstan precompile`): an entry missing from the cache
+//! is copied from there when it has one of the same name. The name carries the engine's
+//! compatibility hash (wasmtime version, compiler settings, the CPU features it
+//! compiles for), so code compiled by another wasmtime or for another CPU is simply not
+//! found, and wasmtime checks the same again when it loads the code.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -88,6 +95,16 @@ fn in_use(path: &Path) -> bool {
         .is_some_and(|holds| holds.contains_key(path))
 }
 
+/// Where compiled code is looked for: the cache, and a read-only directory of
+/// precompiled code behind it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CacheDirs<'a> {
+    /// The cache, written to; `None` compiles every time.
+    pub cache: Option<&'a Path>,
+    /// Precompiled code, only read (see the module's documentation).
+    pub precompiled: Option<&'a Path>,
+}
+
 /// Compiles `bytes`, or loads the code compiled earlier for the same bytes and engine.
 /// `compiler` is the configuration of `engine` for compiling (see [`precompile`]).
 /// With a cache, also returns the hold on the entry, for the plugin to keep.
@@ -97,17 +114,30 @@ fn in_use(path: &Path) -> bool {
 pub fn compile(
     engine: &Engine,
     compiler: &Config,
-    cache_dir: Option<&Path>,
+    dirs: CacheDirs<'_>,
     bytes: &[u8],
     sha256: &str,
 ) -> wasmtime::Result<(Component, Option<CacheEntry>)> {
-    let Some(dir) = cache_dir else {
+    let name = entry_name(engine, sha256);
+    let precompiled = dirs.precompiled.map(|d| d.join(&name));
+    let Some(dir) = dirs.cache else {
+        if let Some(component) = precompiled.and_then(|p| load_precompiled(engine, &p)) {
+            return Ok((component, None));
+        }
         let component = precompile(compiler, bytes).and_then(|c| deserialize_bytes(engine, &c));
         return_freed_memory();
         return Ok((component?, None));
     };
-    let path = dir.join(format!("{sha256}-{:016x}.cwasm", compatibility(engine)));
+    let path = dir.join(&name);
     let mut entry = CacheEntry::hold(&path);
+    if !path.exists()
+        && let Some(from) = &precompiled
+        && !seed(dir, &path, from)
+        && let Some(component) = load_precompiled(engine, from)
+    {
+        // The cache cannot take the copy: the code is read into memory instead.
+        return Ok((component, None));
+    }
     if path.exists() {
         match deserialize(engine, &path) {
             Ok(component) => {
@@ -125,6 +155,59 @@ pub fn compile(
     return_freed_memory();
     entry.lock();
     Ok((component?, Some(entry)))
+}
+
+/// The file name of the entry of the component `sha256` compiled by `engine`.
+fn entry_name(engine: &Engine, sha256: &str) -> String {
+    format!("{sha256}-{:016x}.cwasm", compatibility(engine))
+}
+
+/// Copies the precompiled entry `from`, if there is one, into the cache as `path`
+/// (through a temporary file and a rename, like [`store`]): whether `path` now exists.
+fn seed(dir: &Path, path: &Path, from: &Path) -> bool {
+    if !from.is_file() {
+        return false;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let copied = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::copy(from, &tmp))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    match copied {
+        Ok(()) => {
+            tracing::debug!(from = %from.display(), "compile cache seeded with precompiled code");
+            true
+        }
+        Err(err) => {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!(dir = %dir.display(), "cannot copy precompiled code into the compile cache: {err}");
+            false
+        }
+    }
+}
+
+/// Loads the precompiled entry `path`, if there is a usable one, from a copy in memory
+/// (for want of a cache to copy it into: see [`deserialize`] for why not mapped).
+fn load_precompiled(engine: &Engine, path: &Path) -> Option<Component> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(err) => {
+            tracing::warn!(path = %path.display(), "cannot read precompiled code: {err}");
+            return None;
+        }
+    };
+    // SAFETY: as in `deserialize_bytes`, but the bytes come from a file: wasmtime checks
+    // its header, version and engine settings, and the name carries the compatibility
+    // hash of this engine; the file is trusted as much as the plugin directory is.
+    #[allow(unsafe_code)]
+    let loaded = unsafe { Component::deserialize(engine, &bytes) };
+    match loaded {
+        Ok(component) => Some(component),
+        Err(err) => {
+            tracing::warn!(path = %path.display(), "ignoring unusable precompiled code: {err}");
+            None
+        }
+    }
 }
 
 /// Deletes `path` unless another process holds it (a shared lock): whether it went.
@@ -274,7 +357,15 @@ fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
         std::process::id(),
         COPIES.fetch_add(1, Ordering::Relaxed)
     ));
-    std::fs::copy(path, &copy)?;
+    if let Err(err) = std::fs::copy(path, &copy) {
+        let _ = std::fs::remove_file(&copy);
+        // No room for the copy (a read-only cache, such as one in an image): the entry
+        // is read into memory instead, which keeps all of its code resident.
+        tracing::debug!(path = %path.display(), "cannot copy the cache entry, reading it: {err}");
+        let bytes = std::fs::read(path)?;
+        // SAFETY: as below; the bytes are this process's own copy.
+        return unsafe { Component::deserialize(engine, &bytes) };
+    }
     // SAFETY: the entry was written by `store` from `precompile_component` output of an
     // engine with the same compatibility hash (part of the name) and renamed into place
     // whole; wasmtime checks the header and the engine settings again. The copy has a

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::{Store, Trap};
 
-use super::bindings::{self, PluginPre};
+use super::bindings::{Pre, from_v0_1, from_v0_2};
 use super::engine::EPOCH_TICK;
 use super::engine::Sandbox;
 use super::error::CallError;
@@ -33,7 +33,7 @@ use super::limits::LimitsFile;
 use super::state::{self, CallState};
 use super::stats::Outcome;
 use super::{cache, cpu};
-use crate::contract::{Desired, FinalizeResult, Observed, PluginError, PluginInfo};
+use crate::contract::{Desired, FinalizeResult, Observed, PluginError, PluginInfo, RelatedRequest};
 
 /// A loaded, described plugin. Cheap to clone; every call runs in a fresh instance.
 #[derive(Clone)]
@@ -43,7 +43,7 @@ pub struct Plugin {
 
 pub(super) struct PluginInner {
     pub(super) info: PluginInfo,
-    pub(super) pre: PluginPre<CallState>,
+    pub(super) pre: Pre<CallState>,
     pub(super) sandbox: Sandbox,
     pub(super) sha256: String,
     pub(super) path: PathBuf,
@@ -121,20 +121,67 @@ impl Plugin {
         self.limits().file.clone()
     }
 
+    /// The wall-clock limit of its calls, as they start now (its limits file's, else
+    /// the sandbox's).
+    pub fn deadline(&self) -> Duration {
+        self.limits().deadline
+    }
+
     fn limits(&self) -> Arc<Limits> {
         self.inner.limits.read().expect("limits lock").clone()
+    }
+
+    /// The contract release the plugin was built for.
+    pub fn contract(&self) -> &'static str {
+        self.inner.pre.version()
     }
 
     pub(super) fn describe(&self) -> Result<PluginInfo, CallError> {
         self.blocking(|plugin| async move {
             plugin
                 .call(
-                    async |guest, store| guest.call_describe(store).await,
+                    async |pre, store| match pre {
+                        Pre::V0_1(pre) => {
+                            let instance = pre.instantiate_async(&mut *store).await?;
+                            let guest = instance.capstan_plugin_reconciler();
+                            guest.call_describe(&mut *store).await.map(Into::into)
+                        }
+                        Pre::V0_2(pre) => {
+                            let instance = pre.instantiate_async(&mut *store).await?;
+                            let guest = instance.capstan_plugin_reconciler();
+                            guest.call_describe(&mut *store).await.map(Into::into)
+                        }
+                    },
                     |_| Outcome::Ok,
                 )
                 .await
-                .map(Into::into)
         })
+    }
+
+    /// Calls `customize` in a fresh instance, on the sandbox's runtime: which related
+    /// objects `parent` needs. A plugin that declares no related kind (every 0.1.0
+    /// plugin) needs none, and is not called.
+    pub async fn customize_async(
+        &self,
+        parent: &serde_json::Value,
+    ) -> Result<Result<Vec<RelatedRequest>, PluginError>, CallError> {
+        if self.inner.info.related.is_empty() {
+            return Ok(Ok(Vec::new()));
+        }
+        let parent = parent.to_string();
+        self.spawn(|plugin| plugin.customize_call(parent)).await
+    }
+
+    /// [`Plugin::customize_async`] for a thread that runs no async code.
+    pub fn customize_blocking(
+        &self,
+        parent: &serde_json::Value,
+    ) -> Result<Result<Vec<RelatedRequest>, PluginError>, CallError> {
+        if self.inner.info.related.is_empty() {
+            return Ok(Ok(Vec::new()));
+        }
+        let parent = parent.to_string();
+        self.blocking(|plugin| plugin.customize_call(parent))
     }
 
     /// Calls `reconcile` in a fresh instance, on the sandbox's runtime.
@@ -142,7 +189,7 @@ impl Plugin {
         &self,
         observed: &Observed,
     ) -> Result<Result<Desired, PluginError>, CallError> {
-        let observed = bindings::observed_to_wit(observed);
+        let observed = self.observed(observed);
         self.spawn(|plugin| plugin.reconcile_call(observed)).await
     }
 
@@ -151,7 +198,7 @@ impl Plugin {
         &self,
         observed: &Observed,
     ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
-        let observed = bindings::observed_to_wit(observed);
+        let observed = self.observed(observed);
         self.spawn(|plugin| plugin.finalize_call(observed)).await
     }
 
@@ -161,7 +208,7 @@ impl Plugin {
         &self,
         observed: &Observed,
     ) -> Result<Result<Desired, PluginError>, CallError> {
-        let observed = bindings::observed_to_wit(observed);
+        let observed = self.observed(observed);
         self.blocking(|plugin| plugin.reconcile_call(observed))
     }
 
@@ -170,35 +217,193 @@ impl Plugin {
         &self,
         observed: &Observed,
     ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
-        let observed = bindings::observed_to_wit(observed);
+        let observed = self.observed(observed);
         self.blocking(|plugin| plugin.finalize_call(observed))
+    }
+
+    /// Calls `validate` in a fresh instance, on the sandbox's runtime: `Ok` with the
+    /// warnings when the change from `old` (none: a create) to `new` is allowed, `Err`
+    /// with the plugin's message when it is refused. A plugin that does not validate
+    /// ([`PluginInfo::validation`] unset) allows everything without a call.
+    pub async fn validate_async(
+        &self,
+        old: Option<&serde_json::Value>,
+        new: &serde_json::Value,
+    ) -> Result<Result<Vec<String>, String>, CallError> {
+        if self.inner.info.validation.is_none() {
+            return Ok(Ok(Vec::new()));
+        }
+        let (old, new) = (old.map(ToString::to_string), new.to_string());
+        self.spawn(|plugin| plugin.validate_call(old, new)).await
+    }
+
+    /// [`Plugin::validate_async`] for a thread that runs no async code.
+    pub fn validate_blocking(
+        &self,
+        old: Option<&serde_json::Value>,
+        new: &serde_json::Value,
+    ) -> Result<Result<Vec<String>, String>, CallError> {
+        if self.inner.info.validation.is_none() {
+            return Ok(Ok(Vec::new()));
+        }
+        let (old, new) = (old.map(ToString::to_string), new.to_string());
+        self.blocking(|plugin| plugin.validate_call(old, new))
+    }
+
+    /// Calls `convert` in a fresh instance, on the sandbox's runtime: `object` as
+    /// `to_version`, or the plugin's reason why not. The host checks the answer
+    /// (see [`crate::validate::converted`]).
+    pub async fn convert_async(
+        &self,
+        object: &serde_json::Value,
+        to_version: &str,
+    ) -> Result<Result<String, String>, CallError> {
+        if !self.inner.info.conversion {
+            return Ok(Err(self.no_conversion()));
+        }
+        let (object, to) = (object.to_string(), to_version.to_string());
+        self.spawn(|plugin| plugin.convert_call(object, to)).await
+    }
+
+    /// [`Plugin::convert_async`] for a thread that runs no async code.
+    pub fn convert_blocking(
+        &self,
+        object: &serde_json::Value,
+        to_version: &str,
+    ) -> Result<Result<String, String>, CallError> {
+        if !self.inner.info.conversion {
+            return Ok(Err(self.no_conversion()));
+        }
+        let (object, to) = (object.to_string(), to_version.to_string());
+        self.blocking(|plugin| plugin.convert_call(object, to))
+    }
+
+    fn no_conversion(&self) -> String {
+        format!(
+            "plugin {} does not convert between versions (it does not declare conversion)",
+            self.inner.info.name
+        )
+    }
+
+    /// The observed state in the bindings of the plugin's release.
+    fn observed(&self, observed: &Observed) -> WitObserved {
+        match &self.inner.pre {
+            Pre::V0_1(_) => WitObserved::V0_1(from_v0_1::observed(observed)),
+            Pre::V0_2(_) => WitObserved::V0_2(from_v0_2::observed(observed)),
+        }
+    }
+
+    async fn customize_call(
+        self,
+        parent: String,
+    ) -> Result<Result<Vec<RelatedRequest>, PluginError>, CallError> {
+        self.call(
+            async |pre, store| match pre {
+                Pre::V0_1(_) => Ok(Ok(Vec::new())),
+                Pre::V0_2(pre) => {
+                    let instance = pre.instantiate_async(&mut *store).await?;
+                    let guest = instance.capstan_plugin_reconciler();
+                    let answer = guest.call_customize(&mut *store, &parent).await?;
+                    Ok(answer
+                        .map(|r| r.into_iter().map(Into::into).collect())
+                        .map_err(Into::into))
+                }
+            },
+            answer_outcome,
+        )
+        .await
     }
 
     /// One `reconcile` call, its answer in the host's types; [`Plugin::spawn`] or
     /// [`Plugin::blocking`] decides where it runs.
     async fn reconcile_call(
         self,
-        observed: bindings::WitObserved,
+        observed: WitObserved,
     ) -> Result<Result<Desired, PluginError>, CallError> {
         self.call(
-            async |guest, store| guest.call_reconcile(store, &observed).await,
+            async |pre, store| match (pre, &observed) {
+                (Pre::V0_1(pre), WitObserved::V0_1(observed)) => {
+                    let instance = pre.instantiate_async(&mut *store).await?;
+                    let guest = instance.capstan_plugin_reconciler();
+                    let answer = guest.call_reconcile(&mut *store, observed).await?;
+                    Ok(answer.map(Into::into).map_err(Into::into))
+                }
+                (Pre::V0_2(pre), WitObserved::V0_2(observed)) => {
+                    let instance = pre.instantiate_async(&mut *store).await?;
+                    let guest = instance.capstan_plugin_reconciler();
+                    let answer = guest.call_reconcile(&mut *store, observed).await?;
+                    Ok(answer.map(Into::into).map_err(Into::into))
+                }
+                _ => unreachable!("the observed state is made for the plugin's release"),
+            },
             answer_outcome,
         )
         .await
-        .map(|r| r.map(Into::into).map_err(Into::into))
     }
 
     /// One `finalize` call, its answer in the host's types.
     async fn finalize_call(
         self,
-        observed: bindings::WitObserved,
+        observed: WitObserved,
     ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
         self.call(
-            async |guest, store| guest.call_finalize(store, &observed).await,
+            async |pre, store| match (pre, &observed) {
+                (Pre::V0_1(pre), WitObserved::V0_1(observed)) => {
+                    let instance = pre.instantiate_async(&mut *store).await?;
+                    let guest = instance.capstan_plugin_reconciler();
+                    let answer = guest.call_finalize(&mut *store, observed).await?;
+                    Ok(answer.map(Into::into).map_err(Into::into))
+                }
+                (Pre::V0_2(pre), WitObserved::V0_2(observed)) => {
+                    let instance = pre.instantiate_async(&mut *store).await?;
+                    let guest = instance.capstan_plugin_reconciler();
+                    let answer = guest.call_finalize(&mut *store, observed).await?;
+                    Ok(answer.map(Into::into).map_err(Into::into))
+                }
+                _ => unreachable!("the observed state is made for the plugin's release"),
+            },
             answer_outcome,
         )
         .await
-        .map(|r| r.map(Into::into).map_err(Into::into))
+    }
+
+    async fn validate_call(
+        self,
+        old: Option<String>,
+        new: String,
+    ) -> Result<Result<Vec<String>, String>, CallError> {
+        self.call(
+            async |pre, store| match pre {
+                Pre::V0_1(_) => Ok(Ok(Vec::new())),
+                Pre::V0_2(pre) => {
+                    let instance = pre.instantiate_async(&mut *store).await?;
+                    let guest = instance.capstan_plugin_reconciler();
+                    guest.call_validate(&mut *store, old.as_deref(), &new).await
+                }
+            },
+            refusal_outcome,
+        )
+        .await
+    }
+
+    async fn convert_call(
+        self,
+        object: String,
+        to: String,
+    ) -> Result<Result<String, String>, CallError> {
+        let refused = self.no_conversion();
+        self.call(
+            async |pre, store| match pre {
+                Pre::V0_1(_) => Ok(Err(refused)),
+                Pre::V0_2(pre) => {
+                    let instance = pre.instantiate_async(&mut *store).await?;
+                    let guest = instance.capstan_plugin_reconciler();
+                    guest.call_convert(&mut *store, &object, &to).await
+                }
+            },
+            refusal_outcome,
+        )
+        .await
     }
 
     /// Runs `call` for an async caller and awaits it. Should the caller stop waiting,
@@ -276,10 +481,7 @@ impl Plugin {
     /// for a free instance slot comes before it and is never the plugin's fault.
     async fn call<R>(
         &self,
-        f: impl AsyncFnOnce(
-            &bindings::exports::capstan::plugin::reconciler::Guest,
-            &mut Store<CallState>,
-        ) -> wasmtime::Result<R>,
+        f: impl AsyncFnOnce(&Pre<CallState>, &mut Store<CallState>) -> wasmtime::Result<R>,
         outcome_of: impl Fn(&R) -> Outcome,
     ) -> Result<R, CallError> {
         let sandbox = &self.inner.sandbox;
@@ -311,10 +513,8 @@ impl Plugin {
         store.set_epoch_deadline(1);
         store.epoch_deadline_async_yield_and_update(1);
         let started = Instant::now();
-        let run = async {
-            let instance = self.inner.pre.instantiate_async(&mut store).await?;
-            f(instance.capstan_plugin_reconciler(), &mut store).await
-        };
+        // `f` instantiates the component and calls it: both within the deadline.
+        let run = f(&self.inner.pre, &mut store);
         // Time held back by the plugin's CPU share counts against its deadline.
         let outcome = match &limits.cpu {
             Some(budget) => {
@@ -387,11 +587,24 @@ impl Plugin {
 }
 
 /// The outcome of a call that returned the plugin's own `result<_, error>`.
-fn answer_outcome<T>(answer: &Result<T, bindings::capstan::plugin::types::Error>) -> Outcome {
-    use bindings::capstan::plugin::types::Error;
+fn answer_outcome<T>(answer: &Result<T, PluginError>) -> Outcome {
     match answer {
         Ok(_) => Outcome::Ok,
-        Err(Error::Invalid(_)) => Outcome::Invalid,
-        Err(Error::Retry(_)) => Outcome::Retry,
+        Err(PluginError::Invalid(_)) => Outcome::Invalid,
+        Err(PluginError::Retry(_)) => Outcome::Retry,
     }
+}
+
+/// The outcome of a `validate` or `convert` call: a refusal counts as invalid.
+fn refusal_outcome<T>(answer: &Result<T, String>) -> Outcome {
+    match answer {
+        Ok(_) => Outcome::Ok,
+        Err(_) => Outcome::Invalid,
+    }
+}
+
+/// The observed state in the bindings of one release.
+enum WitObserved {
+    V0_1(super::bindings::v0_1::capstan::plugin::types::Observed),
+    V0_2(super::bindings::v0_2::capstan::plugin::types::Observed),
 }

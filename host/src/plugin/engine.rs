@@ -32,6 +32,9 @@ pub struct SandboxConfig {
     pub memory_limit: usize,
     /// Where compiled code is cached; `None` compiles every time.
     pub cache_dir: Option<PathBuf>,
+    /// A read-only directory of precompiled code (`capstan precompile`), behind the
+    /// cache: an entry the cache lacks is copied from there when it has one.
+    pub precompiled_dir: Option<PathBuf>,
     /// Instances that may exist at once, across all plugins (the pool's size).
     pub instances: u32,
     /// CPU each plugin's calls may use together, in cores; `None`: no share.
@@ -44,6 +47,7 @@ impl Default for SandboxConfig {
             deadline: Duration::from_secs(2),
             memory_limit: 64 << 20,
             cache_dir: None,
+            precompiled_dir: None,
             instances: DEFAULT_INSTANCES,
             cpu: None,
         }
@@ -99,8 +103,17 @@ impl Sandbox {
         let mut linker = Linker::new(&engine);
         let link = |e: wasmtime::Error| SandboxError::Link(one_line(&e));
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(link)?;
-        bindings::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
-            .map_err(link)?;
+        // Each release's `log` (and types): plugins of every release link.
+        bindings::v0_2::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(link)?;
+        bindings::v0_1::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(link)?;
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)

@@ -24,8 +24,8 @@ pub enum LoadError {
         /// What it is instead.
         reason: String,
     },
-    /// The component does not implement the contract this host speaks.
-    #[error("{path} does not implement capstan:plugin@{CONTRACT_VERSION}: {reason}")]
+    /// The component does not implement a contract release this host runs.
+    #[error("{path} does not implement capstan:plugin@{CONTRACT_VERSION} (nor 0.1.0): {reason}")]
     Contract {
         /// The file.
         path: PathBuf,

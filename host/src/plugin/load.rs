@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::bindings::{CONTRACT_VERSION, PluginPre};
+use super::bindings::{CONTRACT_VERSION, CONTRACT_VERSIONS, Pre, v0_1, v0_2};
 use super::cache;
 use super::call::Plugin;
 use super::call::{PluginInner, SlowUntil};
@@ -70,7 +70,10 @@ impl Sandbox {
         let (component, cached) = cache::compile(
             &self.engine,
             &self.compiler,
-            self.config.cache_dir.as_deref(),
+            cache::CacheDirs {
+                cache: self.config.cache_dir.as_deref(),
+                precompiled: self.config.precompiled_dir.as_deref(),
+            },
             bytes,
             &sha256,
         )
@@ -78,10 +81,11 @@ impl Sandbox {
             path: path.to_owned(),
             reason: one_line(&e),
         })?;
-        check_contract_version(&self.engine, &component).map_err(|reason| LoadError::Contract {
-            path: path.to_owned(),
-            reason,
-        })?;
+        let release =
+            contract_release(&self.engine, &component).map_err(|reason| LoadError::Contract {
+                path: path.to_owned(),
+                reason,
+            })?;
         check_imports(&self.engine, &component).map_err(|reason| LoadError::Contract {
             path: path.to_owned(),
             reason,
@@ -93,7 +97,11 @@ impl Sandbox {
                     path: path.to_owned(),
                     reason: one_line(&e),
                 })?;
-        let pre = PluginPre::new(instance_pre).map_err(|e| LoadError::Contract {
+        let pre = match release {
+            v0_1::VERSION => v0_1::PluginPre::new(instance_pre).map(Pre::V0_1),
+            _ => v0_2::PluginPre::new(instance_pre).map(Pre::V0_2),
+        }
+        .map_err(|e| LoadError::Contract {
             path: path.to_owned(),
             reason: one_line(&e),
         })?;
@@ -157,9 +165,10 @@ fn check_component_header(bytes: &[u8]) -> Result<(), String> {
     }
 }
 
-/// Finds the versioned `reconciler` export and compares its version with ours before
-/// linking, so a plugin built for another contract gets a message that says so.
-fn check_contract_version(engine: &Engine, component: &Component) -> Result<(), String> {
+/// Finds the versioned `reconciler` export and tells which release of the contract
+/// the plugin was built for, before linking, so a plugin built for a release this host
+/// does not run gets a message that says so.
+fn contract_release(engine: &Engine, component: &Component) -> Result<&'static str, String> {
     let ty = component.component_type();
     let exported: Vec<String> = ty
         .exports(engine)
@@ -175,12 +184,16 @@ fn check_contract_version(engine: &Engine, component: &Component) -> Result<(), 
             }
         ));
     };
-    if !semver_compatible(found, CONTRACT_VERSION) {
-        return Err(format!(
-            "it was built for capstan:plugin@{found}, which this host cannot run; rebuild it against capstan-sdk for {CONTRACT_VERSION}"
-        ));
-    }
-    Ok(())
+    CONTRACT_VERSIONS
+        .iter()
+        .find(|ours| semver_compatible(found, ours))
+        .copied()
+        .ok_or_else(|| {
+            format!(
+                "it was built for capstan:plugin@{found}, which this host cannot run (it runs {}); rebuild it against capstan-sdk for {CONTRACT_VERSION}",
+                CONTRACT_VERSIONS.join(" and ")
+            )
+        })
 }
 
 /// Interface packages the host provides: WASI with nothing granted, and the contract.
@@ -252,6 +265,10 @@ fn placeholder_info(name: &str) -> PluginInfo {
         finalizer: false,
         resync_seconds: None,
         crd: None,
+        related: Vec::new(),
+        validation: None,
+        conversion: false,
+        contract: String::new(),
     }
 }
 
@@ -281,6 +298,7 @@ mod tests {
         assert!(semver_compatible("0.1.0", "0.1.0"));
         assert!(semver_compatible("0.1.3", "0.1.0"));
         assert!(!semver_compatible("0.2.0", "0.1.0"));
+        assert!(semver_compatible("0.2.0", "0.2.0"));
         assert!(!semver_compatible("1.0.0", "0.1.0"));
         assert!(semver_compatible("1.4.0", "1.0.0"));
         assert!(!semver_compatible("garbage", "0.1.0"));

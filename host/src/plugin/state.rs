@@ -12,8 +12,6 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::{Level, LogHost};
-
 /// How much a plugin may print on stdout or stderr in one call; the rest is dropped.
 const OUTPUT_CAPACITY: usize = 64 << 10;
 
@@ -260,30 +258,40 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
-impl LogHost for CallState {
-    fn enabled(&mut self, level: Level) -> bool {
-        match level {
-            Level::Trace => tracing::enabled!(target: "capstan::plugin", tracing::Level::TRACE),
-            Level::Debug => tracing::enabled!(target: "capstan::plugin", tracing::Level::DEBUG),
-            Level::Info => tracing::enabled!(target: "capstan::plugin", tracing::Level::INFO),
-            Level::Warn => tracing::enabled!(target: "capstan::plugin", tracing::Level::WARN),
-            Level::Error => tracing::enabled!(target: "capstan::plugin", tracing::Level::ERROR),
-        }
-    }
+/// The `log` import of each contract release: the same levels, in types of its own.
+macro_rules! log_host {
+    ($release:ident) => {
+        impl super::bindings::$release::capstan::plugin::log::Host for CallState {
+            fn enabled(&mut self, level: super::bindings::$release::capstan::plugin::log::Level) -> bool {
+                use super::bindings::$release::capstan::plugin::log::Level;
+                match level {
+                    Level::Trace => tracing::enabled!(target: "capstan::plugin", tracing::Level::TRACE),
+                    Level::Debug => tracing::enabled!(target: "capstan::plugin", tracing::Level::DEBUG),
+                    Level::Info => tracing::enabled!(target: "capstan::plugin", tracing::Level::INFO),
+                    Level::Warn => tracing::enabled!(target: "capstan::plugin", tracing::Level::WARN),
+                    Level::Error => tracing::enabled!(target: "capstan::plugin", tracing::Level::ERROR),
+                }
+            }
 
-    fn log(&mut self, level: Level, message: String) {
-        let plugin = self.plugin.as_str();
-        match level {
-            Level::Trace => tracing::trace!(target: "capstan::plugin", plugin, "{message}"),
-            Level::Debug => tracing::debug!(target: "capstan::plugin", plugin, "{message}"),
-            Level::Info => tracing::info!(target: "capstan::plugin", plugin, "{message}"),
-            Level::Warn => tracing::warn!(target: "capstan::plugin", plugin, "{message}"),
-            Level::Error => tracing::error!(target: "capstan::plugin", plugin, "{message}"),
+            fn log(&mut self, level: super::bindings::$release::capstan::plugin::log::Level, message: String) {
+                use super::bindings::$release::capstan::plugin::log::Level;
+                let plugin = self.plugin.as_str();
+                match level {
+                    Level::Trace => tracing::trace!(target: "capstan::plugin", plugin, "{message}"),
+                    Level::Debug => tracing::debug!(target: "capstan::plugin", plugin, "{message}"),
+                    Level::Info => tracing::info!(target: "capstan::plugin", plugin, "{message}"),
+                    Level::Warn => tracing::warn!(target: "capstan::plugin", plugin, "{message}"),
+                    Level::Error => tracing::error!(target: "capstan::plugin", plugin, "{message}"),
+                }
+            }
         }
-    }
+
+        impl super::bindings::$release::capstan::plugin::types::Host for CallState {}
+    };
 }
 
-impl super::bindings::capstan::plugin::types::Host for CallState {}
+log_host!(v0_1);
+log_host!(v0_2);
 
 #[cfg(test)]
 mod tests {

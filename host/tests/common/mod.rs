@@ -190,5 +190,6 @@ pub fn widget_observed(mode: &str) -> Observed {
             "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
             "spec": {"mode": mode, "count": 1}}),
         children: vec![],
+        related: Vec::new(),
     }
 }

@@ -3,11 +3,24 @@ plugin. ``engine: postgresql`` becomes a PostgreSQLCluster that the PostgreSQL p
 reconciles; ``engine: mysql`` becomes one MySQL instance (StatefulSet, Service, Secret).
 See docs/database.md."""
 
-from capstan import SECRET, SERVICE, STATEFUL_SET, Context, Desired, Invalid, KindRef, Plugin, PluginInfo
+from typing import List, Optional
+
+from capstan import (
+    SECRET,
+    SERVICE,
+    STATEFUL_SET,
+    Context,
+    Desired,
+    FailurePolicy,
+    Invalid,
+    KindRef,
+    Plugin,
+    PluginInfo,
+)
 
 from . import mysql, postgresql
 from .crd import CRD_JSON, GROUP, KIND, PLURAL, VERSION
-from .spec import MYSQL, POSTGRESQL, Config, engine_of, parse, version_key
+from .spec import ENGINES, MYSQL, POSTGRESQL, Config, engine_of, parse, version_key
 from .status import FAILED, RUNNING, Assessment, report
 
 PLUGIN_VERSION = "0.1.0"
@@ -26,23 +39,55 @@ class DatabasePlugin(Plugin):
             parent=KindRef(GROUP, VERSION, KIND, PLURAL),
             children=[postgresql.POSTGRESQL_CLUSTER, STATEFUL_SET, SERVICE, SECRET],
             crd=CRD_JSON,
+            # An engine change is refused before it is stored; reconcile still refuses
+            # one that got in (a Database older than the webhook).
+            validation=FailurePolicy.FAIL,
         )
 
     def reconcile(self, ctx: Context) -> Desired:
         engine = engine_of(ctx.spec)
         before = running_engine(ctx)
         if before is not None and before != engine:
-            return refuse(
-                ctx,
-                before,
-                "EngineChange",
-                f"spec.engine is {engine}, but this Database runs {before}: changing the engine "
-                f"needs a data migration, which this plugin does not do; set spec.engine back to {before}",
-            )
+            return refuse(ctx, before, "EngineChange", engine_change(engine, before))
         wanted = parse(ctx.spec)
         if engine == POSTGRESQL:
             return reconcile_postgresql(ctx, wanted)
         return reconcile_mysql(ctx, wanted)
+
+    def validate(self, old: Optional[dict], new: dict) -> List[str]:
+        """Refuses a change of spec.engine at admission, with the message reconcile gives
+        it. Setting it back to the engine that runs is allowed, and so is any update
+        that leaves it as it was. Every other rule stays with reconcile, which reports
+        it on the Database."""
+        before = None if old is None else recorded_engine(old)
+        asked = _field(new, "spec").get("engine")
+        if before is None or asked in (before, _field(old, "spec").get("engine")):
+            return []
+        # A missing or unknown engine is refused as reconcile refuses it.
+        raise Invalid(engine_change(engine_of(_field(new, "spec")), before))
+
+
+def engine_change(engine: str, before: str) -> str:
+    """Why a Database running ``before`` cannot move to ``engine``."""
+    return (
+        f"spec.engine is {engine}, but this Database runs {before}: changing the engine "
+        f"needs a data migration, which this plugin does not do; set spec.engine back to {before}"
+    )
+
+
+def recorded_engine(database: dict) -> Optional[str]:
+    """The engine a stored Database is fixed to: the one its status says runs (so that
+    setting spec.engine back after a refused change is allowed), else its spec's."""
+    for section in ("status", "spec"):
+        engine = _field(database, section).get("engine")
+        if engine in ENGINES:
+            return engine
+    return None
+
+
+def _field(obj: dict, name: str) -> dict:
+    value = obj.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 def running_engine(ctx: Context):

@@ -1,11 +1,12 @@
 """Unit tests of the Database plugin in plain CPython, through capstan.testing: the spec
-rules, each engine's children and status, the password's life, and refusals."""
+rules, each engine's children and status, the password's life, refusals, and the
+admission check of an engine change."""
 
 import base64
 import unittest
 
-from capstan import Invalid
-from capstan.testing import as_observed, parent, reconcile
+from capstan import FailurePolicy, Invalid
+from capstan.testing import Refused, as_observed, convert, customize, finalize, parent, reconcile, validate
 
 from database import DatabasePlugin, spec
 
@@ -55,7 +56,7 @@ class PostgresqlTest(unittest.TestCase):
     def test_one_cluster_and_its_status_mirrored(self):
         d = reconcile(PLUGIN, db(engine="postgresql", version="16", storage="5Gi", replicas=3))
         self.assertEqual(kinds(d), [("PostgreSQLCluster", "app")])
-        self.assertEqual(d.children[0]["spec"], {"replicas": 3, "version": "16.10", "storage": "5Gi"})
+        self.assertEqual(d.children[0]["spec"], {"replicas": 3, "version": "16.15", "storage": "5Gi"})
         self.assertEqual(d.status_value["phase"], "Pending")
         observed = as_observed(d, "prod")
         observed[0]["status"] = {
@@ -68,7 +69,7 @@ class PostgresqlTest(unittest.TestCase):
         running = reconcile(PLUGIN, db(engine="postgresql", version="16", storage="5Gi", replicas=3), observed)
         self.assertEqual(
             running.status_value,
-            {"engine": "postgresql", "version": "16.10", "phase": "Running", "readyReplicas": 3, "endpoint": "app-rw.prod.svc:5432"},
+            {"engine": "postgresql", "version": "16.15", "phase": "Running", "readyReplicas": 3, "endpoint": "app-rw.prod.svc:5432"},
         )
         self.assertEqual(running.conditions[0].reason, "AllInstancesReady")
         self.assertIsNone(running.requeue_after_seconds)
@@ -133,6 +134,69 @@ class EngineChangeTest(unittest.TestCase):
         self.assertEqual(out.children, [])
         self.assertEqual(out.status_value["phase"], "Failed")
         self.assertIn("set spec.engine back to postgresql", out.conditions[0].message)
+
+
+class AdmissionTest(unittest.TestCase):
+    """validate: an engine change is refused before it is stored, with reconcile's words."""
+
+    def test_declares_validation_that_fails_closed_and_nothing_else_new(self):
+        info = PLUGIN.describe()
+        self.assertEqual(info.validation, FailurePolicy.FAIL)
+        self.assertEqual((info.related, info.conversion, info.finalizer), ([], False, False))
+        self.assertEqual(customize(PLUGIN, db(engine="mysql")), [])
+        self.assertTrue(finalize(PLUGIN, db(engine="mysql")).done)
+        with self.assertRaisesRegex(Refused, "does not convert"):
+            convert(PLUGIN, db(engine="mysql"), "v1")
+
+    def test_an_engine_change_is_refused_on_one_line(self):
+        with self.assertRaises(Refused) as refused:
+            validate(PLUGIN, db(engine="mysql", version="8.4"), db(engine="postgresql", version="16"))
+        self.assertEqual(
+            refused.exception.message,
+            "spec.engine is postgresql, but this Database runs mysql: changing the engine needs a data "
+            "migration, which this plugin does not do; set spec.engine back to mysql",
+        )
+
+    def test_validate_and_reconcile_refuse_with_the_same_words(self):
+        running = as_observed(MysqlTest().fresh(), "prod")
+        out = reconcile(PLUGIN, db(engine="postgresql", version="16", storage="2Gi"), running)
+        with self.assertRaises(Refused) as refused:
+            validate(PLUGIN, db(engine="mysql", version="8.4", storage="2Gi"), db(engine="postgresql", version="16"))
+        self.assertEqual(out.conditions[0].reason, "EngineChange")
+        self.assertEqual(out.conditions[0].message, f"{refused.exception.message}; nothing was changed")
+
+    def test_what_does_not_change_the_engine_is_allowed(self):
+        for old, new in [
+            (None, db(engine="postgresql")),
+            (None, db(engine="oracle", replicas=9)),
+            (db(engine="mysql", version="8.4"), db(engine="mysql", version="9.1", storage="5Gi")),
+            (db(engine="postgresql", replicas=1), db(engine="postgresql", replicas=3)),
+            # Nothing recorded: the Database never named an engine, so nothing is fixed.
+            (db(), db(engine="mysql")),
+        ]:
+            self.assertEqual(validate(PLUGIN, old, new), [], (old, new))
+
+    def test_after_a_refused_change_got_in_setting_the_engine_back_is_allowed(self):
+        # A change stored before the webhook served: the status still says what runs.
+        stuck = db(status={"engine": "mysql", "phase": "Failed"}, engine="postgresql")
+        self.assertEqual(validate(PLUGIN, stuck, db(engine="mysql")), [])
+        # Updates that leave the engine as it was do not get stuck behind it.
+        self.assertEqual(validate(PLUGIN, stuck, db(engine="postgresql", replicas=2)), [])
+        with self.assertRaisesRegex(Refused, "^spec.engine is postgresql, but this Database runs mysql"):
+            validate(PLUGIN, db(status={"engine": "mysql"}, engine="mysql"), db(engine="postgresql"))
+
+    def test_removing_or_breaking_the_engine_is_refused_as_reconcile_refuses_it(self):
+        with self.assertRaisesRegex(Refused, "^spec.engine is required: postgresql or mysql$"):
+            validate(PLUGIN, db(engine="mysql"), db())
+        with self.assertRaisesRegex(Refused, '^spec.engine "oracle" is not one of postgresql, mysql$'):
+            validate(PLUGIN, db(engine="mysql"), db(engine="oracle"))
+
+    def test_a_malformed_object_is_answered_not_crashed_on(self):
+        weird = parent("mycompany.com/v1", "Database", name="app", namespace="prod")
+        weird["spec"], weird["status"] = ["not", "an", "object"], "nor this"
+        self.assertEqual(validate(PLUGIN, weird, weird), [])
+        with self.assertRaisesRegex(Refused, "spec.engine is required"):
+            validate(PLUGIN, db(engine="mysql"), weird)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 //! The PostgreSQLCluster plugin: reconciles seed 004's `PostgreSQLCluster`
-//! (`db.example.com/v1alpha1`, short name `pgc`) into a primary and streaming standbys.
+//! (`db.example.com`, short name `pgc`) into a primary and streaming standbys.
 //!
 //! Each cluster gets a credentials Secret (passwords generated once), a ConfigMap with
 //! the instances' scripts, a headless Service, a read-write Service (the primary, pod 0)
@@ -7,14 +7,23 @@
 //! more than one instance, and with `backupSchedule` a CronJob writing logical dumps to
 //! the claim `<name>-dumps`. There is no automatic failover. See docs/postgresql.md.
 //!
+//! Two versions: seed 004's `v1alpha1` and `v1` (CloudNativePG's `instances` and
+//! `storage.size`); [`convert`] converts between them losslessly and reconcile reads
+//! either through it. It reconciles `v1`, the CRD's storage version, and serves the CRD's
+//! conversion webhook through the host with [`convert`].
+//!
 //! A change the plugin cannot make to a running cluster (a major version, the storage
-//! size, an invalid schedule) is refused: the phase turns Failed with a reason, a
-//! Warning event is posted, and every child is returned exactly as the observed ones
-//! were built, so the host changes nothing and prunes nothing.
+//! size, an invalid schedule) is refused at admission ([`admission`]) and, should one
+//! get through, by reconcile: the phase turns Failed with a reason, a Warning event is
+//! posted, and every child is returned exactly as the observed ones were built, so the
+//! host changes nothing and prunes nothing. Deletion tears the cluster down in waves
+//! ([`teardown`]).
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod cluster;
+pub mod convert;
 pub mod credentials;
 pub mod cron;
 pub mod manifests;
@@ -22,6 +31,7 @@ pub mod observed;
 pub mod quantity;
 pub mod spec;
 pub mod status;
+pub mod teardown;
 
 use std::time::Duration;
 
@@ -33,6 +43,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde_json::Value;
 
 use crate::cluster::Cluster;
+use crate::convert::Version as ApiVersion;
 use crate::credentials::Credentials;
 use crate::manifests::Children;
 use crate::observed::Running;
@@ -69,8 +80,8 @@ impl Plugin for PostgresPlugin {
             "postgresql",
             env!("CARGO_PKG_VERSION"),
             KindRef::namespaced(
-                "db.example.com",
-                "v1alpha1",
+                convert::GROUP,
+                ApiVersion::V1.name(),
                 "PostgreSQLCluster",
                 "postgresqlclusters",
             ),
@@ -83,14 +94,18 @@ impl Plugin for PostgresPlugin {
         .child(KindRef::of::<CronJob>())
         .child(KindRef::of::<PersistentVolumeClaim>())
         .crd_json(CRD_JSON)
+        .with_finalizer()
+        .validates(FailurePolicy::Fail)
+        .converts()
     }
 
     fn reconcile(ctx: &Context) -> Result<Desired, Error> {
         let cluster = Cluster::new(ctx.name(), ctx.namespace())?;
-        let spec: ClusterSpec = ctx.spec()?;
-        let wanted = Config::from_spec(&spec)?;
+        // Either version, read as v1 through the same conversion as the webhook's.
+        let (spec, fields) = ClusterSpec::of(ctx.parent())?;
+        let wanted = Config::from_spec(&spec, fields)?;
         let running = Running::observe(ctx, &cluster)?;
-        match spec::check(&wanted, running.config.as_ref()) {
+        match spec::check(&wanted, running.config.as_ref(), fields) {
             Ok(()) => {
                 // The size is the same (checked), but keep the spelling it was created
                 // with: the claim template stays byte-for-byte as it is.
@@ -105,6 +120,18 @@ impl Plugin for PostgresPlugin {
             }
             Err(refusal) => refuse(ctx, &cluster, refusal, &running),
         }
+    }
+
+    fn finalize(ctx: &Context) -> Result<Finalized, Error> {
+        Ok(teardown::next_wave(ctx))
+    }
+
+    fn validate(old: Option<&Value>, new: &Value) -> Result<Vec<String>, String> {
+        admission::validate(old, new)
+    }
+
+    fn convert(object: Value, to_version: &str) -> Result<Value, String> {
+        convert::convert(object, to_version)
     }
 }
 
@@ -190,7 +217,7 @@ fn refuse(
         phase: Phase::Failed,
         ready: status::ready_replicas(running.statefulset.as_ref()),
         reason: refusal.reason,
-        message: refusal.message,
+        message: format!("{}; nothing was changed", refusal.message),
     };
     report(ctx, cluster, &assessment, &mut desired)?;
     Ok(desired)

@@ -160,10 +160,6 @@ fn app_env(cluster: &Cluster) -> Vec<EnvVar> {
     ]
 }
 
-fn image(config: &Config) -> String {
-    format!("postgres:{}", config.version)
-}
-
 fn port() -> ServicePort {
     ServicePort {
         name: Some("postgresql".into()),
@@ -302,7 +298,7 @@ fn instance_pod(cluster: &Cluster, config: &Config) -> PodSpec {
     ]);
     let container = Container {
         name: "postgres".into(),
-        image: Some(image(config)),
+        image: Some(config.image()),
         command: Some(bash(scripts::ENTRYPOINT_FILE)),
         ports: Some(vec![ContainerPort {
             name: Some("postgresql".into()),
@@ -401,6 +397,9 @@ fn pod_security() -> PodSecurityContext {
         run_as_user: Some(POSTGRES_UID),
         run_as_group: Some(POSTGRES_UID),
         fs_group: Some(POSTGRES_UID),
+        // Ownership and mode are changed on mount only when the volume's root does not
+        // match already, not recursively on every start.
+        fs_group_change_policy: Some("OnRootMismatch".into()),
         run_as_non_root: Some(true),
         seccomp_profile: Some(SeccompProfile {
             type_: "RuntimeDefault".into(),
@@ -490,7 +489,7 @@ fn dump_job(cluster: &Cluster, config: &Config, schedule: &str) -> CronJob {
     let container = Container {
         name: "dump".into(),
         // The instances' image: pg_dump of the server's own version.
-        image: Some(image(config)),
+        image: Some(config.image()),
         command: Some(bash(scripts::DUMP_FILE)),
         env: Some(env),
         volume_mounts: Some(vec![

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::cluster::Cluster;
-use crate::spec::{Config, Version};
+use crate::spec::{Config, Version, official_image};
 
 /// Annotation on the StatefulSet: the PostgreSQL version it runs, as in the spec.
 pub const VERSION_ANNOTATION: &str = "db.example.com/version";
@@ -83,11 +83,12 @@ fn config_of(sts: &StatefulSet, schedule: Option<String>) -> Result<Config, Erro
             .cloned()
     };
     let spec = &sts.spec;
-    let image_tag = || {
-        let containers = &spec.template.spec.as_ref()?.containers;
-        let image = containers.first()?.image.as_deref()?;
-        Some(image.rsplit_once(':')?.1.to_string())
-    };
+    let image = spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|pod| pod.containers.first()?.image.clone());
+    let image_tag = || Some(image.as_deref()?.rsplit_once(':')?.1.to_string());
     let version_text = annotation(VERSION_ANNOTATION).or_else(image_tag);
     let version = version_text
         .as_deref()
@@ -118,10 +119,13 @@ fn config_of(sts: &StatefulSet, schedule: Option<String>) -> Result<Config, Erro
                 "StatefulSet {name}: cannot tell its volume size (no annotation {STORAGE_ANNOTATION} and no claim template {DATA_VOLUME:?})"
             ))
         })?;
+    // The official image of its version is the default, not a choice to keep.
+    let image = image.filter(|image| *image != official_image(&version));
     Ok(Config {
         replicas: spec.replicas.unwrap_or(1),
         version,
         storage,
         schedule,
+        image,
     })
 }

@@ -2,20 +2,37 @@
 //! so that two spellings of one size (`10Gi`, `10240Mi`) compare equal: the API server
 //! rewrites quantities into a canonical form, so the text alone cannot tell a change.
 
-/// A positive size in bytes, as the exact fraction `numerator / denominator`.
+use std::cmp::Ordering;
+
+/// A positive size in bytes, as the exact fraction `numerator / denominator`, compared
+/// exactly: `1Gi` > `1G` > `500Mi`.
 #[derive(Debug, Clone, Copy)]
 pub struct Quantity {
     numerator: u128,
     denominator: u128,
 }
 
-impl PartialEq for Quantity {
-    fn eq(&self, other: &Self) -> bool {
-        // a/b == c/d  <=>  a*d == c*b; sizes this large are refused when parsed.
-        self.numerator.checked_mul(other.denominator)
-            == other.numerator.checked_mul(self.denominator)
+impl Ord for Quantity {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // a/b vs c/d  <=>  a*d vs c*b: both parts are below 2^64 (checked when parsed),
+        // so the products cannot overflow.
+        (self.numerator * other.denominator).cmp(&(other.numerator * self.denominator))
     }
 }
+
+impl PartialOrd for Quantity {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Quantity {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Quantity {}
 
 /// Largest number of significant digits accepted, which keeps the arithmetic in `u128`.
 const MAX_DIGITS: usize = 18;
@@ -136,6 +153,18 @@ mod tests {
         assert_ne!(q("10Gi"), q("20Gi"));
         assert_ne!(q("1G"), q("1Gi"));
         assert_ne!(q("1.5Gi"), q("1.25Gi"));
+    }
+
+    #[test]
+    fn sizes_are_ordered_across_suffixes() {
+        assert!(q("500Mi") < q("1Gi"));
+        assert!(q("1Gi") < q("2G"));
+        assert!(q("1G") < q("1Gi"), "1e9 < 2^30");
+        assert!(q("1Gi") > q("1000Mi"));
+        assert!(q("1.5Gi") > q("1500M"));
+        assert!(q("1Ei") > q("1E"));
+        assert!(q("999m") < q("1"));
+        assert_eq!(q("2G").cmp(&q("2000M")), std::cmp::Ordering::Equal);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Reconcile tests, natively: fresh clusters, observed state read back, allowed and
-//! refused changes, and the phase judged from the StatefulSet.
+//! Plugin tests, natively: fresh clusters, observed state read back, allowed and
+//! refused changes, the phase judged from the StatefulSet, v1alpha1 parents, and the
+//! teardown waves from observed states.
 
 use capstan_sdk::testing::observe_for;
 use capstan_sdk::{EventType, Plugin};
@@ -9,15 +10,16 @@ use super::*;
 
 fn parent(spec: Value, status: Value) -> Value {
     json!({
-        "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
+        "apiVersion": "db.example.com/v1", "kind": "PostgreSQLCluster",
         "metadata": {"name": "pg", "namespace": "prod", "uid": "uid-1", "generation": 1},
         "spec": spec,
         "status": status,
     })
 }
 
-fn spec(replicas: i64, version: &str, storage: &str, schedule: Option<&str>) -> Value {
-    let mut spec = json!({"replicas": replicas, "version": version, "storage": storage});
+fn spec(instances: i64, version: &str, storage: &str, schedule: Option<&str>) -> Value {
+    let mut spec =
+        json!({"instances": instances, "version": version, "storage": {"size": storage}});
     if let Some(s) = schedule {
         spec["backupSchedule"] = json!(s);
     }
@@ -92,8 +94,15 @@ fn ready_condition(d: &Desired) -> &Condition {
 #[test]
 fn describe_declares_the_parent_children_and_crd() {
     let info = PostgresPlugin::describe();
-    assert_eq!(info.parent.api_version(), "db.example.com/v1alpha1");
+    assert_eq!(
+        info.parent.api_version(),
+        "db.example.com/v1",
+        "the storage version"
+    );
+    assert!(info.conversion, "serves the CRD's conversion webhook");
     assert_eq!(info.parent.plural, "postgresqlclusters");
+    assert!(info.finalizer, "teardown runs in waves");
+    assert_eq!(info.validation, Some(FailurePolicy::Fail));
     let kinds: Vec<String> = info
         .children
         .iter()
@@ -114,6 +123,25 @@ fn describe_declares_the_parent_children_and_crd() {
     let crd: Value = serde_json::from_str(info.crd.as_deref().unwrap()).unwrap();
     assert_eq!(crd["metadata"]["name"], "postgresqlclusters.db.example.com");
     assert_eq!(crd["spec"]["names"]["shortNames"], json!(["pgc"]));
+    let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap(),
+                v["served"].as_bool().unwrap(),
+                v["storage"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(versions, [("v1alpha1", true, false), ("v1", true, true)]);
+    let v1_spec = &crd["spec"]["versions"][1]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(v1_spec["required"], json!(["instances", "version"]));
+    assert_eq!(
+        v1_spec["properties"]["storage"]["properties"]["size"]["default"],
+        "10Gi"
+    );
 }
 
 #[test]
@@ -384,6 +412,64 @@ fn scaling_and_a_minor_version_change_are_applied() {
     );
 }
 
+/// `spec.imageName` replaces `postgres:<version>` in the instances and the dump Job, a
+/// refused change keeps the running image, and removing it goes back to the official one.
+#[test]
+fn an_image_name_replaces_the_official_image_and_is_kept_on_refusal() {
+    let with_image = |version: &str, storage: &str, image: &str| {
+        let mut spec = spec(3, version, storage, Some("@daily"));
+        spec["imageName"] = image.into();
+        spec
+    };
+    let image_of = |d: &Desired| {
+        let sts = child(d, "StatefulSet", "pg");
+        let cron = child(d, "CronJob", "pg-dump");
+        (
+            sts["spec"]["template"]["spec"]["containers"][0]["image"].clone(),
+            cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["image"]
+                .clone(),
+        )
+    };
+    let first = ok(
+        parent(
+            with_image("16.15", "1Gi", "registry.example/pg:16.15-a"),
+            Value::Null,
+        ),
+        vec![],
+    );
+    let want = Value::from("registry.example/pg:16.15-a");
+    assert_eq!(image_of(&first), (want.clone(), want.clone()));
+
+    // A storage change is refused: the running image stays, although the spec names
+    // another one.
+    let refused = ok(
+        parent(
+            with_image("16.15", "2Gi", "registry.example/pg:16.15-b"),
+            Value::Null,
+        ),
+        observed(&first, 3),
+    );
+    assert_eq!(phase(&refused), "Failed");
+    assert_eq!(image_of(&refused), (want.clone(), want));
+
+    // Without imageName the official image of the version comes back.
+    let official = ok(
+        parent(spec(3, "16.15", "1Gi", Some("@daily")), Value::Null),
+        observed(&first, 3),
+    );
+    let want = Value::from("postgres:16.15");
+    assert_eq!(image_of(&official), (want.clone(), want));
+
+    let spaced = reconcile(
+        parent(with_image("16.15", "1Gi", "pg :16"), Value::Null),
+        vec![],
+    );
+    assert!(
+        matches!(&spaced, Err(Error::Invalid(m)) if m.contains("spec.imageName")),
+        "{spaced:?}"
+    );
+}
+
 #[test]
 fn the_same_size_spelled_differently_changes_nothing() {
     let first = ok(parent(spec(1, "16.1", "1Gi", None), Value::Null), vec![]);
@@ -412,6 +498,7 @@ fn refused_changes_leave_every_child_as_it_was() {
             "MajorVersionChange",
         ),
         (spec(3, "16.1", "2Gi", Some("0 2 * * *")), "StorageChange"),
+        (spec(3, "16.1", "512Mi", Some("0 2 * * *")), "StorageShrink"),
         (
             spec(3, "16.1", "1Gi", Some("0 2 * * * *")),
             "InvalidSchedule",
@@ -503,14 +590,14 @@ fn removing_the_schedule_keeps_the_dumps() {
 fn specs_the_crd_refuses_are_invalid_errors() {
     for (spec, why) in [
         (
-            json!({"replicas": 9, "version": "16.1"}),
-            "spec.replicas is 9",
+            json!({"instances": 9, "version": "16.1"}),
+            "spec.instances is 9",
         ),
         (
-            json!({"replicas": 1, "version": "16"}),
+            json!({"instances": 1, "version": "16"}),
             "spec.version \"16\"",
         ),
-        (json!({"version": "16.1"}), "missing field `replicas`"),
+        (json!({"version": "16.1"}), "missing field `instances`"),
     ] {
         match reconcile(parent(spec, Value::Null), vec![]) {
             Err(Error::Invalid(m)) => assert!(m.contains(why), "{m}"),
@@ -520,4 +607,203 @@ fn specs_the_crd_refuses_are_invalid_errors() {
     let mut p = parent(spec(1, "16.1", "1Gi", None), Value::Null);
     p["metadata"]["name"] = json!("db.prod");
     assert!(matches!(reconcile(p, vec![]), Err(Error::Invalid(_))));
+}
+
+/// A v1alpha1 parent is read through the conversion: the same children as its v1 twin,
+/// and refusals that name the v1alpha1 fields.
+#[test]
+fn a_v1alpha1_parent_is_reconciled_as_its_v1_twin() {
+    let old = |storage: &str| {
+        json!({
+            "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
+            "metadata": {"name": "pg", "namespace": "prod", "uid": "uid-1", "generation": 1},
+            "spec": {"replicas": 3, "version": "16.1", "storage": storage, "backupSchedule": "@daily"},
+        })
+    };
+    let first = ok(
+        parent(spec(3, "16.1", "1Gi", Some("@daily")), Value::Null),
+        vec![],
+    );
+    let observed = observed(&first, 3);
+    let v1 = ok(
+        parent(spec(3, "16.1", "1Gi", Some("@daily")), Value::Null),
+        observed.clone(),
+    );
+    let v1alpha1 = ok(old("1Gi"), observed.clone());
+    assert_eq!(v1alpha1.children(), v1.children());
+    assert_eq!(v1alpha1.status_value(), v1.status_value());
+    assert_eq!(phase(&v1alpha1), "Running");
+
+    let shrunk = ok(old("512Mi"), observed);
+    assert_eq!(
+        ready_condition(&shrunk).message,
+        "spec.storage 512Mi is smaller than 1Gi: a volume cannot shrink; set spec.storage back to 1Gi; nothing was changed"
+    );
+}
+
+/// `validate` and `convert` through the trait, as the export calls them.
+#[test]
+fn validate_and_convert_are_the_plugin_s() {
+    let old = parent(spec(3, "16.1", "1Gi", None), Value::Null);
+    let new = parent(spec(3, "17.1", "1Gi", None), Value::Null);
+    let refused = PostgresPlugin::validate(Some(&old), &new).unwrap_err();
+    assert!(
+        refused.starts_with("spec.version 17.1 is a major version change from 16.1"),
+        "{refused}"
+    );
+    assert_eq!(PostgresPlugin::validate(None, &new), Ok(vec![]));
+    let converted = PostgresPlugin::convert(old.clone(), "v1alpha1").unwrap();
+    assert_eq!(
+        converted["spec"],
+        json!({"replicas": 3, "version": "16.1", "storage": "1Gi"})
+    );
+    assert_eq!(
+        PostgresPlugin::convert(converted, "db.example.com/v1").unwrap(),
+        old
+    );
+}
+
+/// Observed children as `finalize` sees them.
+fn finalize(children: Vec<Value>) -> Finalized {
+    let mut p = parent(spec(3, "16.1", "1Gi", Some("@daily")), Value::Null);
+    p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    PostgresPlugin::finalize(&observe_for::<PostgresPlugin>(p, children)).unwrap()
+}
+
+fn wave(f: &Finalized) -> Vec<String> {
+    f.deletes()
+        .iter()
+        .map(|(_, kind, name)| format!("{kind}/{name}"))
+        .collect()
+}
+
+/// From a full cluster to done: each wave names what is left of its kinds, the host
+/// deletes it, and the next call sees the children without it.
+#[test]
+fn teardown_goes_in_waves_from_what_is_observed() {
+    let full = ok(
+        parent(spec(3, "16.1", "1Gi", Some("@daily")), Value::Null),
+        vec![],
+    );
+    let mut children = observed(&full, 3);
+    let mut waves = Vec::new();
+    loop {
+        let f = finalize(children.clone());
+        if f.is_done() {
+            assert_eq!(f.deletes(), &[]);
+            break;
+        }
+        let names = wave(&f);
+        assert!(!names.is_empty(), "a wave that is not done names something");
+        children.retain(|c| {
+            !names.contains(&format!(
+                "{}/{}",
+                c["kind"].as_str().unwrap(),
+                c["metadata"]["name"].as_str().unwrap()
+            ))
+        });
+        waves.push(names);
+        assert!(waves.len() <= 3, "{waves:?}");
+    }
+    assert_eq!(
+        waves,
+        [
+            vec![
+                "CronJob/pg-dump",
+                "Service/pg",
+                "Service/pg-r",
+                "Service/pg-rw"
+            ],
+            vec!["StatefulSet/pg"],
+            vec!["Secret/pg-credentials"],
+        ]
+    );
+    // Never named: garbage-collected once the cluster is gone.
+    let left: Vec<String> = children
+        .iter()
+        .map(|c| {
+            format!(
+                "{}/{}",
+                c["kind"].as_str().unwrap(),
+                c["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        left,
+        [
+            "ConfigMap/pg-scripts",
+            "PodDisruptionBudget/pg",
+            "PersistentVolumeClaim/pg-dumps"
+        ]
+    );
+}
+
+#[test]
+fn teardown_skips_waves_with_nothing_left() {
+    let full = ok(parent(spec(1, "16.1", "1Gi", None), Value::Null), vec![]);
+    let children = observed(&full, 1);
+    let only = |kinds: &[&str]| -> Vec<Value> {
+        children
+            .iter()
+            .filter(|c| kinds.contains(&c["kind"].as_str().unwrap()))
+            .cloned()
+            .collect()
+    };
+    // No schedule: no CronJob, the Services alone.
+    assert_eq!(
+        wave(&finalize(children.clone())),
+        ["Service/pg", "Service/pg-r", "Service/pg-rw"]
+    );
+    // Services gone: the StatefulSet, even while the ConfigMap is still there.
+    assert_eq!(
+        wave(&finalize(only(&["StatefulSet", "Secret", "ConfigMap"]))),
+        ["StatefulSet/pg"]
+    );
+    // One Service left from the first wave: it is named again, nothing else.
+    let mut one_service = only(&["StatefulSet", "Secret"]);
+    one_service.extend(
+        children
+            .iter()
+            .filter(|c| c["metadata"]["name"] == "pg-rw")
+            .cloned(),
+    );
+    assert_eq!(wave(&finalize(one_service)), ["Service/pg-rw"]);
+    // The Secret alone.
+    assert_eq!(
+        wave(&finalize(only(&["Secret", "ConfigMap"]))),
+        ["Secret/pg-credentials"]
+    );
+    // Nothing the waves delete: done at once.
+    assert!(finalize(only(&["ConfigMap", "PersistentVolumeClaim"])).is_done());
+    assert!(finalize(vec![]).is_done());
+}
+
+/// A StatefulSet being deleted in the foreground is still there: its wave is not over,
+/// so the Secret its Pods read is not deleted yet.
+#[test]
+fn a_child_being_deleted_still_holds_its_wave() {
+    let full = ok(parent(spec(3, "16.1", "1Gi", None), Value::Null), vec![]);
+    let mut children: Vec<Value> = observed(&full, 3)
+        .into_iter()
+        .filter(|c| c["kind"] == "StatefulSet" || c["kind"] == "Secret")
+        .collect();
+    for c in &mut children {
+        if c["kind"] == "StatefulSet" {
+            c["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:01Z");
+            c["metadata"]["finalizers"] = json!(["foregroundDeletion"]);
+        }
+    }
+    assert_eq!(wave(&finalize(children)), ["StatefulSet/pg"]);
+}
+
+/// Teardown reads no spec: a parent whose spec reconcile refuses is still deleted.
+#[test]
+fn teardown_does_not_depend_on_the_spec() {
+    let full = ok(parent(spec(1, "16.1", "1Gi", None), Value::Null), vec![]);
+    let mut p = parent(json!({"instances": "many"}), Value::Null);
+    p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let f =
+        PostgresPlugin::finalize(&observe_for::<PostgresPlugin>(p, observed(&full, 1))).unwrap();
+    assert_eq!(wave(&f), ["Service/pg", "Service/pg-r", "Service/pg-rw"]);
 }

@@ -491,8 +491,19 @@ fn primary_and_standby_replicate_and_the_dump_restores() {
     );
 
     // A restarted primary takes the password from the environment (the Secret), and
-    // the standby reconnects and streams again.
+    // the standby reconnects and streams again. Its data directory comes back group
+    // writable, as the kubelet leaves a volume for the Pod's fsGroup: the entrypoint sets
+    // the mode PostgreSQL insists on back.
     primary.stop();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let pgdata = primary
+            .data_dirs
+            .iter()
+            .find(|dir| dir.join("PG_VERSION").exists())
+            .expect("the primary's data directory");
+        fs::set_permissions(pgdata, fs::Permissions::from_mode(0o2770)).unwrap();
+    }
     let primary = instances.start(
         "restarted primary",
         "pg-0",

@@ -1,7 +1,7 @@
 // The entry point of a plugin component: routes logging to the host and exports the
 // plugin as `capstan:plugin/reconciler`. Import it only from the module you componentize.
 
-import * as hostLog from 'capstan:plugin/log@0.1.0';
+import * as hostLog from 'capstan:plugin/log@0.2.0';
 import { type ReconcilerExports, bindPlugin } from './binding.js';
 import { setLogSink } from './log.js';
 import type { Plugin } from './plugin.js';

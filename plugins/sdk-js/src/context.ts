@@ -1,4 +1,5 @@
-// What a reconcile sees: the parent and the children it controls, as plain objects.
+// What a reconcile sees: the parent, the children it controls and the related objects
+// `customize` asked for, as plain objects.
 
 import { Invalid } from './errors.js';
 import { type KindRef, type KubeObject } from './objects.js';
@@ -11,15 +12,22 @@ export class Context<Spec = Record<string, unknown>, Status = Record<string, unk
   /** The parent object. */
   readonly parent: KubeObject<Spec, Status>;
   readonly #children: ReadonlyArray<{ kind: KindRef; object: KubeObject }>;
+  readonly #related: ReadonlyArray<{ kind: KindRef; object: KubeObject }>;
 
-  /** `children` pairs each observed object with the index of its declared kind. */
-  constructor(info: PluginInfo, parent: KubeObject<Spec, Status>, children: ReadonlyArray<[number, KubeObject]>) {
+  /**
+   * `children` and `related` pair each observed object with the index of its kind in
+   * `info.children` and `info.related`.
+   */
+  constructor(
+    info: PluginInfo,
+    parent: KubeObject<Spec, Status>,
+    children: ReadonlyArray<[number, KubeObject]>,
+    related: ReadonlyArray<[number, KubeObject]> = [],
+  ) {
     this.info = info;
     this.parent = parent;
-    this.#children = children.flatMap(([index, object]) => {
-      const kind = info.children[index];
-      return kind === undefined ? [] : [{ kind, object }];
-    });
+    this.#children = withKinds(info.children, children);
+    this.#related = withKinds(info.related, related);
   }
 
   /** The parent's name. */
@@ -88,6 +96,34 @@ export class Context<Spec = Record<string, unknown>, Status = Record<string, unk
   allChildren(): KubeObject[] {
     return this.#children.map((c) => c.object);
   }
+
+  /**
+   * The objects of `kind` (one of the declared related kinds) that `customize` asked for
+   * and that exist. Empty in `customize` itself.
+   */
+  related<T extends KubeObject = KubeObject>(kind: KindRef): T[] {
+    return this.#related.filter((r) => sameKind(r.kind, kind)).map((r) => r.object as T);
+  }
+
+  /** The related object of `kind` named `name`, if `customize` asked for it and it exists. */
+  relatedNamed<T extends KubeObject = KubeObject>(kind: KindRef, name: string): T | undefined {
+    return this.related<T>(kind).find((r) => r.metadata?.name === name);
+  }
+
+  /** Every related object, whatever its kind. */
+  allRelated(): KubeObject[] {
+    return this.#related.map((r) => r.object);
+  }
+}
+
+function withKinds(
+  kinds: readonly KindRef[],
+  objects: ReadonlyArray<[number, KubeObject]>,
+): Array<{ kind: KindRef; object: KubeObject }> {
+  return objects.flatMap(([index, object]) => {
+    const kind = kinds[index];
+    return kind === undefined ? [] : [{ kind, object }];
+  });
 }
 
 function sameKind(a: KindRef, b: KindRef): boolean {

@@ -1,11 +1,15 @@
 // What a reconcile returns: children, status, conditions, events, requeue.
 
 import type {
+  ChildRef,
   Condition as WitCondition,
   Desired as WitDesired,
   Event as WitEvent,
   FinalizeResult,
-} from 'capstan:plugin/types@0.1.0';
+  PluginInfo,
+} from './contract.js';
+import { Invalid } from './errors.js';
+import { apiVersion, type KindRef, kindIndex } from './objects.js';
 
 /** Whether a condition holds: `true`, `false` or `'unknown'`. */
 export type Holds = boolean | 'unknown';
@@ -103,11 +107,15 @@ export class Desired {
   }
 }
 
-/** What `finalize` returns. */
+/**
+ * What `finalize` returns: `Finalized.done()`, `Finalized.pending(seconds)`, or a
+ * teardown wave, `Finalized.wave().delete(kind, name)…`.
+ */
 export class Finalized {
   readonly #done: boolean;
   readonly #requeueAfterSeconds: number | undefined;
   readonly #events: WitEvent[] = [];
+  readonly #deletes: Array<{ kind: KindRef; name: string }> = [];
 
   private constructor(done: boolean, requeueAfterSeconds: number | undefined) {
     this.#done = done;
@@ -124,6 +132,26 @@ export class Finalized {
     return new Finalized(false, wholeSeconds(seconds));
   }
 
+  /**
+   * A teardown wave: the host deletes the children named with `delete` (only those this
+   * parent controls), waits until they are gone, and calls `finalize` again. Return the
+   * next wave from there, or `Finalized.done()` when nothing is left to order. A wave
+   * that names no observed child is over at once; children never named go with the
+   * parent, through their ownerReference.
+   */
+  static wave(): Finalized {
+    return new Finalized(false, undefined);
+  }
+
+  /** Names an observed child of a declared child kind to delete in this wave. */
+  delete(kind: KindRef, name: string): this {
+    if (typeof name !== 'string' || name === '') {
+      throw new TypeError(`a child to delete needs a non-empty name, not ${JSON.stringify(name)}`);
+    }
+    this.#deletes.push({ kind, name });
+    return this;
+  }
+
   /** Adds a Normal event. */
   event(reason: string, message: string): this {
     this.#events.push({ type: 'normal', reason, message });
@@ -136,14 +164,34 @@ export class Finalized {
     return this;
   }
 
-  /** Whether cleanup is complete. */
+  /** Whether cleanup is complete (ignored by the host while `deletes` is not empty). */
   get isDone(): boolean {
     return this.#done;
   }
 
-  /** The contract's `finalize-result` record. */
-  toWit(): FinalizeResult {
-    return { done: this.#done, events: [...this.#events], requeueAfterSeconds: this.#requeueAfterSeconds };
+  /** The children this wave deletes. */
+  get deletes(): ReadonlyArray<{ kind: KindRef; name: string }> {
+    return this.#deletes;
+  }
+
+  /**
+   * The contract's `finalize-result` record, each child to delete as the index of its
+   * kind in `info.children`; a kind not declared a child is `Invalid`.
+   */
+  toWit(info: PluginInfo): FinalizeResult {
+    const deletes = this.#deletes.map(({ kind, name }): ChildRef => {
+      const index = kindIndex(info.children, kind);
+      if (index < 0) {
+        throw new Invalid(`finalize names ${kind.kind} ${JSON.stringify(name)} (${apiVersion(kind)}), not a declared child kind`);
+      }
+      return { kindIndex: index, name };
+    });
+    return {
+      done: this.#done,
+      events: [...this.#events],
+      requeueAfterSeconds: this.#requeueAfterSeconds,
+      delete: deletes,
+    };
   }
 }
 

@@ -1,6 +1,7 @@
-// Why a reconcile or finalize failed: the two cases of the contract's `error` variant.
+// Why a reconcile, finalize or customize failed (the two cases of the contract's `error`
+// variant), and why validate or convert refused (a one-line message).
 
-import type { Error as WitError } from 'capstan:plugin/types@0.1.0';
+import type { Error as WitError } from './contract.js';
 
 /**
  * The spec is wrong: nothing changes until it does. The host applies nothing, sets
@@ -35,8 +36,33 @@ export function toWitError(thrown: unknown): WitError {
   if (thrown instanceof Invalid || thrown instanceof Retry) {
     return thrown.payload;
   }
-  if (thrown instanceof Error) {
-    return { tag: 'retry', val: `${thrown.name}: ${thrown.message}` };
+  return { tag: 'retry', val: describeThrown(thrown) };
+}
+
+/**
+ * The one line a user reads when `validate` or `convert` refuses: the message of an
+ * `Invalid` or `Retry` (both refuse: an admission or a conversion is not retried), or
+ * the name and message of any other exception, a bug in the plugin.
+ */
+export function toRefusal(thrown: unknown): string {
+  if (thrown instanceof Invalid || thrown instanceof Retry) {
+    return oneLine(thrown.message);
   }
-  return { tag: 'retry', val: `plugin threw ${String(thrown)}` };
+  return describeThrown(thrown);
+}
+
+/** `text` with its line breaks folded, for messages read on one line. */
+export function oneLine(text: string): string {
+  return text
+    .split(/\r?\n/)
+    .map((line) => line.trim())
+    .filter((line) => line !== '')
+    .join(' ');
+}
+
+function describeThrown(thrown: unknown): string {
+  if (thrown instanceof Error) {
+    return oneLine(`${thrown.name}: ${thrown.message}`);
+  }
+  return oneLine(`plugin threw ${String(thrown)}`);
 }

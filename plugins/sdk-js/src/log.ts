@@ -4,7 +4,7 @@
 // `@capstan/sdk/component`); in Node (unit tests) they go to a sink the test chooses,
 // by default stderr at info level and above.
 
-import type { Level } from 'capstan:plugin/log@0.1.0';
+import type { Level } from './contract.js';
 
 export type { Level };
 

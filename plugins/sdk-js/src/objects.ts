@@ -1,6 +1,6 @@
 // Kubernetes objects and kinds as plain TypeScript: what crosses the contract as JSON.
 
-import type { KindRef } from 'capstan:plugin/types@0.1.0';
+import type { KindRef } from './contract.js';
 
 export type { KindRef };
 
@@ -53,7 +53,12 @@ export function isKind(object: { apiVersion?: unknown; kind?: unknown }, kind: K
   return object.apiVersion === apiVersion(kind) && object.kind === kind.kind;
 }
 
-/** The built-in kinds plugins most often own. */
+/** Index of `kind` in `kinds`, by group, version and kind; -1 when it is not there. */
+export function kindIndex(kinds: readonly KindRef[], kind: KindRef): number {
+  return kinds.findIndex((k) => k.group === kind.group && k.version === kind.version && k.kind === kind.kind);
+}
+
+/** The built-in kinds plugins most often own or read. */
 export const Kinds = {
   ConfigMap: namespacedKind('', 'v1', 'ConfigMap', 'configmaps'),
   Secret: namespacedKind('', 'v1', 'Secret', 'secrets'),
@@ -64,4 +69,6 @@ export const Kinds = {
   StatefulSet: namespacedKind('apps', 'v1', 'StatefulSet', 'statefulsets'),
   Job: namespacedKind('batch', 'v1', 'Job', 'jobs'),
   CronJob: namespacedKind('batch', 'v1', 'CronJob', 'cronjobs'),
+  Pod: namespacedKind('', 'v1', 'Pod', 'pods'),
+  Namespace: clusterKind('', 'v1', 'Namespace', 'namespaces'),
 } as const satisfies Record<string, KindRef>;

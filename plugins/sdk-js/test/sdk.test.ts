@@ -109,11 +109,13 @@ describe('Desired', () => {
   });
 
   test('finalize results say whether cleanup is done', () => {
-    assert.deepEqual(Finalized.done().toWit(), { done: true, events: [], requeueAfterSeconds: undefined });
-    assert.deepEqual(Finalized.pending(10).event('Draining', 'wait').toWit(), {
+    const info = pluginInfo(plugin.describe());
+    assert.deepEqual(Finalized.done().toWit(info), { done: true, events: [], requeueAfterSeconds: undefined, delete: [] });
+    assert.deepEqual(Finalized.pending(10).event('Draining', 'wait').toWit(info), {
       done: false,
       events: [{ type: 'normal', reason: 'Draining', message: 'wait' }],
       requeueAfterSeconds: 10,
+      delete: [],
     });
   });
 });
@@ -129,6 +131,9 @@ describe('the contract binding', () => {
       finalizer: false,
       resyncSeconds: undefined,
       crd: '{"kind":"CustomResourceDefinition"}',
+      related: [],
+      validation: undefined,
+      conversion: false,
     });
   });
 
@@ -160,15 +165,20 @@ describe('the contract binding', () => {
       assert.equal(out.error.tag, 'retry');
       assert.match(out.error.val, /^TypeError: /);
       assert.equal(logs.lines.length, 1);
-      assert.match(logs.lines[0]?.message ?? '', /^uncaught TypeError/);
+      assert.match(logs.lines[0]?.message ?? '', /^uncaught in reconcile: TypeError/);
     } finally {
       logs.restore();
     }
   });
 
   test('defaults finalize to done', () => {
-    const observed = { parent: JSON.stringify(parent({})), children: [] };
-    assert.deepEqual(bindPlugin(plugin).finalize(observed), { done: true, events: [], requeueAfterSeconds: undefined });
+    const observed = { parent: JSON.stringify(parent({})), children: [], related: [] };
+    assert.deepEqual(bindPlugin(plugin).finalize(observed), {
+      done: true,
+      events: [],
+      requeueAfterSeconds: undefined,
+      delete: [],
+    });
   });
 });
 

@@ -9,7 +9,19 @@ the sandbox has no file system to import from later.
 
 from . import log
 from .errors import Invalid, PluginError
-from .plugin import Plugin, encode_desired, encode_finalized, guarded, info_of, observe
+from .info import FailurePolicy
+from .plugin import (
+    Plugin,
+    call_convert,
+    call_customize,
+    call_validate,
+    encode_desired,
+    encode_finalized,
+    guarded,
+    info_of,
+    observe,
+    refusal,
+)
 
 
 def export(plugin: Plugin):
@@ -39,6 +51,7 @@ def export(plugin: Plugin):
         "Unknown": types.ConditionStatus.UNKNOWN,
     }
     event_types = {"Normal": types.EventType.NORMAL, "Warning": types.EventType.WARNING}
+    policies = {FailurePolicy.FAIL: types.FailurePolicy.FAIL, FailurePolicy.IGNORE: types.FailurePolicy.IGNORE}
 
     # Described once, at build time: the snapshot holds it for every fresh instance.
     info = info_of(plugin)
@@ -55,7 +68,16 @@ def export(plugin: Plugin):
         return Err(types.Error_Retry(e.message))
 
     def context(observed):
-        return observe(info, observed.parent, [(c.kind_index, c.object) for c in observed.children])
+        return observe(
+            info,
+            observed.parent,
+            [(c.kind_index, c.object) for c in observed.children],
+            [(r.kind_index, r.object) for r in observed.related],
+        )
+
+    def selector(encoded):
+        how, value = encoded
+        return types.Selector_Name(value) if how == "name" else types.Selector_Labels(value)
 
     class Reconciler(exports.Reconciler):
         def describe(self):
@@ -67,7 +89,17 @@ def export(plugin: Plugin):
                 finalizer=info.finalizer,
                 resync_seconds=info.resync_seconds,
                 crd=info.crd,
+                related=[kind(k) for k in info.related],
+                validation=None if info.validation is None else policies[info.validation],
+                conversion=bool(info.conversion),
             )
+
+        def customize(self, parent):
+            try:
+                requests = call_customize(plugin, info, parent)
+            except PluginError as e:
+                raise wit_error(e) from None
+            return [types.RelatedRequest(i, selector(s)) for i, s in requests]
 
         def reconcile(self, observed):
             try:
@@ -84,14 +116,27 @@ def export(plugin: Plugin):
 
         def finalize(self, observed):
             try:
-                f = encode_finalized(guarded(lambda: plugin.finalize(context(observed))))
+                f = encode_finalized(guarded(lambda: plugin.finalize(context(observed)), what="finalize"), info)
             except PluginError as e:
                 raise wit_error(e) from None
             return types.FinalizeResult(
                 done=f["done"],
                 events=events(f["events"]),
                 requeue_after_seconds=f["requeue_after_seconds"],
+                delete=[types.ChildRef(i, name) for i, name in f["delete"]],
             )
+
+        def validate(self, old, new):
+            try:
+                return call_validate(plugin, old, new)
+            except PluginError as e:
+                raise Err(refusal(e)) from None
+
+        def convert(self, object, to_version):
+            try:
+                return call_convert(plugin, object, to_version)
+            except PluginError as e:
+                raise Err(refusal(e)) from None
 
     return Reconciler
 

@@ -1,6 +1,7 @@
-"""What a reconcile sees: the parent and the children it controls, as plain dicts."""
+"""What a reconcile sees: the parent, the children it controls and the related objects
+``customize`` asked for, as plain dicts."""
 
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from .errors import Invalid
 from .info import KindRef, PluginInfo
@@ -14,12 +15,21 @@ class Context:
     Objects are the JSON the API server returned, as ``dict``; change copies, not them.
     """
 
-    def __init__(self, info: PluginInfo, parent: Object, children: List[Tuple[int, Object]]):
+    def __init__(
+        self,
+        info: PluginInfo,
+        parent: Object,
+        children: List[Tuple[int, Object]],
+        related: Iterable[Tuple[int, Object]] = (),
+    ):
+        """``children`` and ``related`` pair each object with the index of its kind in
+        ``info.children`` and ``info.related``."""
         self.info = info
         """What the plugin declared."""
         self.parent = parent
         """The parent object (metadata, spec, status)."""
         self._children = children
+        self._related = list(related)
 
     @property
     def metadata(self) -> Object:
@@ -90,8 +100,31 @@ class Context:
         """Every observed child with its declared kind."""
         return [(self.info.children[i], c) for i, c in self._children if i < len(self.info.children)]
 
+    def related(self, kind: KindRef) -> List[Object]:
+        """The objects of a declared related kind that ``customize`` asked for and that
+        exist, such as ``ctx.related(CONFIG_MAP)``. Empty in ``customize`` itself."""
+        return list(self._related_of(kind))
+
+    def related_named(self, kind: KindRef, name: str) -> Optional[Object]:
+        """The related object of ``kind`` named ``name``, if ``customize`` asked for it
+        and it exists."""
+        for o in self._related_of(kind):
+            if (o.get("metadata") or {}).get("name") == name:
+                return o
+        return None
+
+    def all_related(self) -> List[Tuple[KindRef, Object]]:
+        """Every related object with its declared kind."""
+        return [(self.info.related[i], o) for i, o in self._related if i < len(self.info.related)]
+
     def _of(self, kind: KindRef) -> Iterator[Object]:
         index = self.info.child_index(kind.api_version, kind.kind)
         if index is None:
             raise ValueError(f"{kind.kind}.{kind.api_version} is not a declared child kind")
         return (c for i, c in self._children if i == index)
+
+    def _related_of(self, kind: KindRef) -> Iterator[Object]:
+        index = self.info.related_index(kind.api_version, kind.kind)
+        if index is None:
+            raise ValueError(f"{kind.kind}.{kind.api_version} is not a declared related kind")
+        return (o for i, o in self._related if i == index)

@@ -2,9 +2,10 @@
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import Retry
+from .info import KindRef
 
 Object = Dict[str, Any]
 
@@ -114,20 +115,53 @@ class Desired:
 
 @dataclass
 class Finalized:
-    """What ``finalize`` returns."""
+    """What ``finalize`` returns: done (the default, ``Finalized()``), pending
+    (:meth:`pending`), or a teardown wave (:meth:`wave`)."""
 
     done: bool = True
-    """True when cleanup is complete and the host may remove its finalizer."""
+    """True when cleanup is complete and the host may remove its finalizer. Ignored while
+    ``deletes`` is not empty."""
     events: List[Event] = field(default_factory=list)
     requeue_after_seconds: Optional[int] = None
     """When not done, call again after this many seconds."""
+    deletes: List[Tuple[str, str, str]] = field(default_factory=list)
+    """The children this wave deletes: (apiVersion, kind, name)."""
 
     @staticmethod
     def pending(seconds: float) -> "Finalized":
         """Cleanup is under way; call again after ``seconds``."""
         return Finalized(False, [], max(1, min(_U32_MAX, int(seconds))))
 
+    @staticmethod
+    def wave() -> "Finalized":
+        """A teardown wave: the host deletes the children named with :meth:`delete`
+        (only those this parent controls), waits until they are gone, and calls
+        ``finalize`` again. Return the next wave from there, or ``Finalized()`` when
+        nothing is left to order. A wave that names no observed child is over at once.
+        Children never named go with the parent, through their ownerReference."""
+        return Finalized(False)
+
+    def delete(self, kind: KindRef, name: str) -> "Finalized":
+        """Names an observed child of a declared child kind to delete in this wave, such
+        as ``Finalized.wave().delete(STATEFUL_SET, ctx.name)``."""
+        if not isinstance(kind, KindRef):
+            raise TypeError(f"Finalized.delete needs a KindRef, not {type(kind).__name__}")
+        return self.delete_raw(kind.api_version, kind.kind, name)
+
+    def delete_raw(self, api_version: str, kind: str, name: str) -> "Finalized":
+        """Names a child to delete in this wave by ``apiVersion``, ``kind`` and name."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a child to delete needs a non-empty name string, not {name!r}")
+        self.deletes.append((api_version, kind, name))
+        return self
+
     def event(self, reason: str, message: str, type_: str = NORMAL) -> "Finalized":
         """Adds an event."""
+        if type_ not in (NORMAL, WARNING):
+            raise ValueError(f"event type {type_!r} is not Normal or Warning")
         self.events.append(Event(type_, reason, message))
         return self
+
+    def warning(self, reason: str, message: str) -> "Finalized":
+        """Adds a Warning event."""
+        return self.event(reason, message, WARNING)

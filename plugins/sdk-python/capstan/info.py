@@ -1,5 +1,7 @@
-"""What a plugin declares: its parent kind, child kinds, finalizer, resync and CRD."""
+"""What a plugin declares: its parent kind, child and related kinds, finalizer, resync,
+CRD, admission validation and conversion."""
 
+import enum
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -38,6 +40,21 @@ STATEFUL_SET = KindRef("apps", "v1", "StatefulSet", "statefulsets")
 DEPLOYMENT = KindRef("apps", "v1", "Deployment", "deployments")
 CRON_JOB = KindRef("batch", "v1", "CronJob", "cronjobs")
 POD_DISRUPTION_BUDGET = KindRef("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
+# Kinds plugins usually read as related objects.
+POD = KindRef("", "v1", "Pod", "pods")
+NAMESPACE = KindRef("", "v1", "Namespace", "namespaces", namespaced=False)
+
+
+class FailurePolicy(enum.Enum):
+    """What the API server does with a change when ``validate`` cannot answer (it
+    trapped, ran out of time or memory, or no host serves the webhook)."""
+
+    FAIL = "fail"
+    """Refuse the change: nothing invalid gets in, but while no host answers, no parent
+    of the kind can be created, changed or have its finalizer removed."""
+    IGNORE = "ignore"
+    """Store the change as if allowed; ``reconcile`` still sees it and can raise
+    :class:`~capstan.Invalid`."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +75,29 @@ class PluginInfo:
     """How often to reconcile an unchanged parent; None: the host's default."""
     crd: Optional[str] = None
     """The parent kind's CRD as JSON text (``capstan crd`` prints it)."""
+    related: List[KindRef] = field(default_factory=list)
+    """Kinds it reads but never writes: ``customize`` asks for objects of them, and the
+    host passes those that exist to ``reconcile`` and ``finalize``. Not the parent's
+    kind, nor a child kind."""
+    validation: Optional[FailurePolicy] = None
+    """When set, the host calls ``validate`` on each create and update of a parent (a
+    validating admission webhook), with this policy for when it cannot answer. None:
+    ``validate`` is never called."""
+    conversion: bool = False
+    """Whether the host serves the CRD's conversion webhook with ``convert`` (the CRD,
+    ``crd``, must then be shipped and list the versions)."""
 
     def child_index(self, api_version: str, kind: str) -> Optional[int]:
         """Index of a declared child kind by ``apiVersion`` and ``kind``, or None."""
-        for i, k in enumerate(self.children):
-            if k.matches(api_version, kind):
-                return i
-        return None
+        return _index(self.children, api_version, kind)
+
+    def related_index(self, api_version: str, kind: str) -> Optional[int]:
+        """Index of a declared related kind by ``apiVersion`` and ``kind``, or None."""
+        return _index(self.related, api_version, kind)
+
+
+def _index(kinds: List[KindRef], api_version: str, kind: str) -> Optional[int]:
+    for i, k in enumerate(kinds):
+        if k.matches(api_version, kind):
+            return i
+    return None

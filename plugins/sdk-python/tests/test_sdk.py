@@ -213,7 +213,10 @@ class ComponentTest(unittest.TestCase):
         wit_log.log = lambda level, message: cls.lines.append((level.name, message))
         import capstan.component
 
+        from tests.test_lifecycle import Keeper
+
         cls.reconciler = capstan.component.export(Greeter())()
+        cls.keeper = capstan.component.export(Keeper())()
 
     @classmethod
     def tearDownClass(cls):
@@ -222,13 +225,27 @@ class ComponentTest(unittest.TestCase):
         cls.dir.cleanup()
 
     def observed(self, **spec):
-        return self.types.Observed(json.dumps(greeting(**spec)), [])
+        return self.types.Observed(json.dumps(greeting(**spec)), [], [])
 
     def test_describe(self):
         info = self.reconciler.describe()
         self.assertEqual(info.name, "greeter")
         self.assertEqual([k.kind for k in info.children], ["ConfigMap", "Secret"])
         self.assertEqual(info.parent, self.types.KindRef("example.com", "v1", "Greeting", "greetings", True))
+        self.assertEqual((info.related, info.validation, info.conversion), ([], None, False))
+
+    def test_describe_related_validation_and_conversion(self):
+        info = self.keeper.describe()
+        self.assertEqual(
+            info.related,
+            [
+                self.types.KindRef("", "v1", "ConfigMap", "configmaps", True),
+                self.types.KindRef("", "v1", "Pod", "pods", True),
+                self.types.KindRef("", "v1", "Namespace", "namespaces", False),
+            ],
+        )
+        self.assertEqual(info.validation, self.types.FailurePolicy.FAIL)
+        self.assertTrue(info.conversion)
 
     def test_reconcile_gives_the_wit_record(self):
         d = self.reconciler.reconcile(self.observed(message="m"))
@@ -251,7 +268,89 @@ class ComponentTest(unittest.TestCase):
         self.assertTrue(any(level == "ERROR" and "KeyError" in m for level, m in self.lines))
 
     def test_finalize(self):
-        self.assertTrue(self.reconciler.finalize(self.observed()).done)
+        result = self.reconciler.finalize(self.observed())
+        self.assertTrue(result.done)
+        self.assertEqual(result.delete, [])
+
+    def cache(self, **spec):
+        return json.dumps(parent("example.com/v2", "Cache", spec=spec, name="c", namespace="team"))
+
+    def test_customize_gives_requests_by_kind_index(self):
+        t = self.types
+        self.assertEqual(
+            self.keeper.customize(self.cache(config="settings")),
+            [
+                t.RelatedRequest(0, t.Selector_Name("settings")),
+                t.RelatedRequest(1, t.Selector_Labels([("app", "c")])),
+                t.RelatedRequest(2, t.Selector_Name("team")),
+            ],
+        )
+        self.assertEqual(self.reconciler.customize(json.dumps(greeting())), [])
+
+    def test_customize_errors_map_to_the_wit_variant(self):
+        from componentize_py_types import Err
+
+        with self.assertRaises(Err) as e:
+            self.keeper.customize(self.cache(mode="undeclared"))
+        self.assertEqual(
+            e.exception.value,
+            self.types.Error_Invalid("customize asks for Secret (v1), which the plugin does not declare as related"),
+        )
+        with self.assertRaises(Err) as e:
+            self.keeper.customize(self.cache(mode="bug"))
+        self.assertEqual(e.exception.value, self.types.Error_Retry("the plugin raised KeyError: 'missing'"))
+
+    def test_related_objects_reach_reconcile(self):
+        t = self.types
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "default"}, "data": {"k": "v"}}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "c-0"}}
+        observed = t.Observed(self.cache(), [], [t.RelatedObject(0, json.dumps(cm)), t.RelatedObject(1, json.dumps(pod))])
+        self.assertEqual(
+            json.loads(self.keeper.reconcile(observed).status),
+            {"config": {"k": "v"}, "pods": ["c-0"], "namespace": None},
+        )
+
+    def test_finalize_names_a_wave_by_kind_index(self):
+        t = self.types
+        service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "c"}}
+        result = self.keeper.finalize(t.Observed(self.cache(), [t.ObservedChild(1, json.dumps(service))], []))
+        self.assertEqual(result.delete, [t.ChildRef(1, "c")])
+        self.assertFalse(result.done)
+        from componentize_py_types import Err
+
+        with self.assertRaises(Err) as e:
+            self.keeper.finalize(t.Observed(self.cache(mode="undeclared"), [], []))
+        self.assertEqual(
+            e.exception.value, t.Error_Invalid("finalize names ConfigMap 'settings' (v1), not a declared child kind")
+        )
+
+    def test_validate_allows_with_warnings_or_refuses_with_a_string(self):
+        from componentize_py_types import Err
+
+        self.assertEqual(self.keeper.validate(self.cache(replicas=3), self.cache(replicas=1)), ["scaling c down"])
+        self.assertEqual(self.reconciler.validate(None, self.cache(replicas=-1)), [])
+        with self.assertRaises(Err) as e:
+            self.keeper.validate(None, self.cache(replicas=-1))
+        self.assertEqual(e.exception.value, "spec.replicas must not be negative")
+        with self.assertRaises(Err) as e:
+            self.keeper.validate(None, self.cache(mode="bug"))
+        self.assertEqual(e.exception.value, "the plugin raised KeyError: 'missing'")
+        with self.assertRaises(Err) as e:
+            self.keeper.validate(None, "{not json")
+        self.assertTrue(e.exception.value.startswith("host sent an object that is not JSON"), e.exception.value)
+
+    def test_convert_gives_json_text_or_refuses_with_a_string(self):
+        from componentize_py_types import Err
+
+        v1 = parent("example.com/v1", "Cache", spec={"size": 2}, name="c", namespace="team")
+        v2 = json.loads(self.keeper.convert(json.dumps(v1), "v2"))
+        self.assertEqual((v2["apiVersion"], v2["spec"]), ("example.com/v2", {"replicas": 2}))
+        with self.assertRaises(Err) as e:
+            self.reconciler.convert(json.dumps(v1), "v2")
+        self.assertEqual(e.exception.value, "this plugin does not convert (asked for v2)")
+        with self.assertRaises(Err) as e:
+            self.keeper.convert(self.cache(mode="bug"), "v1")
+        self.assertEqual(e.exception.value, "the plugin raised KeyError: 'missing'")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-//! What a reconcile sees: the parent and the children it controls, with typed access.
+//! What a reconcile sees: the parent, the children it controls and the related objects
+//! `customize` asked for, with typed access.
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -13,6 +14,8 @@ pub struct Context {
     parent: Value,
     /// (kind index, object) pairs.
     children: Vec<(usize, Value)>,
+    /// (related kind index, object) pairs.
+    related: Vec<(usize, Value)>,
 }
 
 impl Context {
@@ -25,18 +28,39 @@ impl Context {
                 .map_err(|e| Error::retry(format!("host sent a child that is not JSON: {e}")))?;
             children.push((child.kind_index as usize, object));
         }
+        let mut related = Vec::with_capacity(observed.related.len());
+        for object in observed.related {
+            let value = serde_json::from_str(&object.object).map_err(|e| {
+                Error::retry(format!("host sent a related object that is not JSON: {e}"))
+            })?;
+            related.push((object.kind_index as usize, value));
+        }
         Ok(Context {
             info,
             parent,
             children,
+            related,
         })
     }
 
-    pub(crate) fn new(info: PluginInfo, parent: Value, children: Vec<(usize, Value)>) -> Self {
+    /// The context `customize` sees: the parent alone.
+    pub(crate) fn of_parent(info: PluginInfo, parent: &str) -> Result<Self, Error> {
+        let parent = serde_json::from_str(parent)
+            .map_err(|e| Error::retry(format!("host sent a parent that is not JSON: {e}")))?;
+        Ok(Context::new(info, parent, Vec::new(), Vec::new()))
+    }
+
+    pub(crate) fn new(
+        info: PluginInfo,
+        parent: Value,
+        children: Vec<(usize, Value)>,
+        related: Vec<(usize, Value)>,
+    ) -> Self {
         Context {
             info,
             parent,
             children,
+            related,
         }
     }
 
@@ -109,6 +133,39 @@ impl Context {
     ) -> impl Iterator<Item = &'a Value> + 'a {
         let index = self.info.child_index(api_version, kind);
         self.children
+            .iter()
+            .filter(move |(i, _)| Some(*i) == index)
+            .map(|(_, v)| v)
+    }
+
+    /// Related objects of a k8s-openapi type that `customize` asked for and that exist,
+    /// such as `ctx.related::<ConfigMap>()`. Objects that do not deserialize into `K`
+    /// are skipped. Empty in `customize` itself.
+    pub fn related<K: k8s_openapi::Resource + DeserializeOwned>(&self) -> Vec<K> {
+        self.raw_related(K::API_VERSION, K::KIND)
+            .filter_map(|v| serde_json::from_value(v.clone()).ok())
+            .collect()
+    }
+
+    /// The related object of type `K` named `name`, if `customize` asked for it and it
+    /// exists.
+    pub fn related_named<K: k8s_openapi::Resource + DeserializeOwned>(
+        &self,
+        name: &str,
+    ) -> Option<K> {
+        self.raw_related(K::API_VERSION, K::KIND)
+            .find(|v| v.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
+
+    /// Related objects of any declared related kind, as JSON, by `apiVersion` and `kind`.
+    pub fn raw_related<'a>(
+        &'a self,
+        api_version: &str,
+        kind: &str,
+    ) -> impl Iterator<Item = &'a Value> + 'a {
+        let index = self.info.related_index(api_version, kind);
+        self.related
             .iter()
             .filter(move |(i, _)| Some(*i) == index)
             .map(|(_, v)| v)

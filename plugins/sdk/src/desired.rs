@@ -214,6 +214,8 @@ pub struct Finalized {
     done: bool,
     events: Vec<Event>,
     requeue_after: Option<Duration>,
+    /// Children to delete in this wave: (apiVersion, kind, name).
+    delete: Vec<(String, String, String)>,
 }
 
 impl Finalized {
@@ -223,6 +225,7 @@ impl Finalized {
             done: true,
             events: Vec::new(),
             requeue_after: None,
+            delete: Vec::new(),
         }
     }
 
@@ -232,7 +235,38 @@ impl Finalized {
             done: false,
             events: Vec::new(),
             requeue_after: Some(delay),
+            delete: Vec::new(),
         }
+    }
+
+    /// A teardown wave: the host deletes the children named with [`Finalized::delete`]
+    /// (only those this parent controls), waits until they are gone, and calls
+    /// `finalize` again. Return the next wave from there, or [`Finalized::done`] when
+    /// nothing is left to order. A wave that names no child observed is over at once.
+    pub fn wave() -> Self {
+        Finalized {
+            done: false,
+            events: Vec::new(),
+            requeue_after: None,
+            delete: Vec::new(),
+        }
+    }
+
+    /// Names an observed child of type `K` to delete in this wave.
+    pub fn delete<K: k8s_openapi::Resource>(self, name: &str) -> Self {
+        self.delete_raw(K::API_VERSION, K::KIND, name)
+    }
+
+    /// Names an observed child to delete in this wave, by `apiVersion` and `kind`.
+    pub fn delete_raw(mut self, api_version: &str, kind: &str, name: &str) -> Self {
+        self.delete
+            .push((api_version.into(), kind.into(), name.into()));
+        self
+    }
+
+    /// The children this wave deletes: (apiVersion, kind, name).
+    pub fn deletes(&self) -> &[(String, String, String)] {
+        &self.delete
     }
 
     /// Adds an event.
@@ -246,11 +280,27 @@ impl Finalized {
         self.done
     }
 
-    pub(crate) fn into_wit(self) -> wit::FinalizeResult {
-        wit::FinalizeResult {
+    pub(crate) fn into_wit(self, info: &crate::PluginInfo) -> Result<wit::FinalizeResult, Error> {
+        let delete = self
+            .delete
+            .into_iter()
+            .map(|(api_version, kind, name)| {
+                let index = info.child_index(&api_version, &kind).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "finalize names {kind} {name:?} ({api_version}), not a declared child kind"
+                    ))
+                })?;
+                Ok(wit::ChildRef {
+                    kind_index: index as u32,
+                    name,
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(wit::FinalizeResult {
             done: self.done,
             events: self.events.into_iter().map(Event::into_wit).collect(),
             requeue_after_seconds: self.requeue_after.map(seconds),
-        }
+            delete,
+        })
     }
 }

@@ -1,4 +1,5 @@
-//! What a plugin declares: its parent kind, child kinds, finalizer, resync and CRD.
+//! What a plugin declares: its parent kind, child and related kinds, finalizer, resync,
+//! CRD, admission validation and conversion.
 
 use k8s_openapi::Resource;
 
@@ -81,6 +82,24 @@ pub struct PluginInfo {
     pub resync_seconds: Option<u32>,
     /// The parent kind's CRD as JSON.
     pub crd: Option<String>,
+    /// Kinds it reads but never writes; `customize` asks for objects of them.
+    pub related: Vec<KindRef>,
+    /// Whether `validate` runs at admission time, and what the API server does when it
+    /// cannot answer.
+    pub validation: Option<FailurePolicy>,
+    /// Whether `convert` serves the CRD's conversion webhook.
+    pub conversion: bool,
+}
+
+/// What the API server does with a change when `validate` cannot answer (it trapped,
+/// ran out of time or memory, or no host serves the webhook).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Refuse the change: nothing invalid gets in, but while no host answers, no parent
+    /// of the kind can be created or changed.
+    Fail,
+    /// Store the change as if allowed; `reconcile` still sees it.
+    Ignore,
 }
 
 impl PluginInfo {
@@ -94,12 +113,35 @@ impl PluginInfo {
             finalizer: false,
             resync_seconds: None,
             crd: None,
+            related: Vec::new(),
+            validation: None,
+            conversion: false,
         }
     }
 
     /// Declares a child kind.
     pub fn child(mut self, kind: KindRef) -> Self {
         self.children.push(kind);
+        self
+    }
+
+    /// Declares a related kind: one the plugin reads (objects `customize` asks for)
+    /// but never writes.
+    pub fn related(mut self, kind: KindRef) -> Self {
+        self.related.push(kind);
+        self
+    }
+
+    /// Asks the host to call `validate` at admission time, with `policy` for when it
+    /// cannot answer.
+    pub fn validates(mut self, policy: FailurePolicy) -> Self {
+        self.validation = Some(policy);
+        self
+    }
+
+    /// Asks the host to serve the CRD's conversion webhook with `convert`.
+    pub fn converts(mut self) -> Self {
+        self.conversion = true;
         self
     }
 
@@ -130,6 +172,13 @@ impl PluginInfo {
             .position(|k| k.kind == kind && k.api_version() == api_version)
     }
 
+    /// Index of a related kind in [`PluginInfo::related`], by `apiVersion` and `kind`.
+    pub fn related_index(&self, api_version: &str, kind: &str) -> Option<usize> {
+        self.related
+            .iter()
+            .position(|k| k.kind == kind && k.api_version() == api_version)
+    }
+
     pub(crate) fn into_wit(self) -> wit::PluginInfo {
         wit::PluginInfo {
             name: self.name,
@@ -139,6 +188,12 @@ impl PluginInfo {
             finalizer: self.finalizer,
             resync_seconds: self.resync_seconds,
             crd: self.crd,
+            related: self.related.into_iter().map(KindRef::into_wit).collect(),
+            validation: self.validation.map(|p| match p {
+                FailurePolicy::Fail => wit::FailurePolicy::Fail,
+                FailurePolicy::Ignore => wit::FailurePolicy::Ignore,
+            }),
+            conversion: self.conversion,
         }
     }
 }

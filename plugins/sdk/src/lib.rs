@@ -77,6 +77,7 @@ mod desired;
 mod info;
 pub mod log;
 pub mod random;
+mod related;
 pub mod testing;
 
 #[doc(hidden)]
@@ -92,15 +93,16 @@ pub mod bindings {
 
 pub use context::Context;
 pub use desired::{Condition, ConditionStatus, Desired, Event, EventType, Finalized};
-pub use info::{KindRef, PluginInfo};
+pub use info::{FailurePolicy, KindRef, PluginInfo};
 pub use k8s_openapi;
+pub use related::Related;
 pub use serde_json;
 
 /// Everything a plugin usually needs.
 pub mod prelude {
     pub use crate::{
-        Condition, ConditionStatus, Context, Desired, Error, Event, Finalized, KindRef, Plugin,
-        PluginInfo,
+        Condition, ConditionStatus, Context, Desired, Error, Event, FailurePolicy, Finalized,
+        KindRef, Plugin, PluginInfo, Related,
     };
 }
 
@@ -147,10 +149,42 @@ pub trait Plugin {
     fn reconcile(ctx: &Context) -> Result<Desired, Error>;
 
     /// Cleans up before the parent is deleted; called only if [`PluginInfo::finalizer`]
-    /// was set. The default reports done at once.
+    /// was set. Return [`Finalized::wave`]s to delete children in order, then
+    /// [`Finalized::done`]. The default reports done at once.
     fn finalize(ctx: &Context) -> Result<Finalized, Error> {
         let _ = ctx;
         Ok(Finalized::done())
+    }
+
+    /// Which related objects this parent needs (only [`Context::parent`] and what
+    /// derives from it are set in `ctx`). Called before each `reconcile` and
+    /// `finalize` of a plugin that declares related kinds ([`PluginInfo::related`]);
+    /// the host reconciles the parent again when one of them changes. The default
+    /// asks for none.
+    fn customize(ctx: &Context) -> Result<Vec<Related>, Error> {
+        let _ = ctx;
+        Ok(Vec::new())
+    }
+
+    /// Admission: may a parent become `new` (`old` is `None` on create)? `Ok` allows
+    /// it, with warnings `kubectl` prints; `Err` refuses it with a one-line message.
+    /// Called only when [`PluginInfo::validates`] was set. The default allows all.
+    fn validate(
+        old: Option<&serde_json::Value>,
+        new: &serde_json::Value,
+    ) -> Result<Vec<String>, String> {
+        let _ = (old, new);
+        Ok(Vec::new())
+    }
+
+    /// Conversion: `object` (any version the CRD serves) as `to_version` of the same
+    /// group. Must be lossless both ways. Called only when [`PluginInfo::converts`] was
+    /// set. The default refuses.
+    fn convert(object: serde_json::Value, to_version: &str) -> Result<serde_json::Value, String> {
+        let _ = object;
+        Err(format!(
+            "this plugin does not convert (asked for {to_version})"
+        ))
     }
 }
 
@@ -185,6 +219,32 @@ macro_rules! export_plugin {
             > {
                 $crate::__private::finalize::<$plugin>(observed)
             }
+
+            fn customize(
+                parent: ::std::string::String,
+            ) -> ::core::result::Result<
+                ::std::vec::Vec<$crate::bindings::capstan::plugin::types::RelatedRequest>,
+                $crate::bindings::capstan::plugin::types::Error,
+            > {
+                $crate::__private::customize::<$plugin>(parent)
+            }
+
+            fn validate(
+                old: ::core::option::Option<::std::string::String>,
+                new: ::std::string::String,
+            ) -> ::core::result::Result<
+                ::std::vec::Vec<::std::string::String>,
+                ::std::string::String,
+            > {
+                $crate::__private::validate::<$plugin>(old, new)
+            }
+
+            fn convert(
+                object: ::std::string::String,
+                to_version: ::std::string::String,
+            ) -> ::core::result::Result<::std::string::String, ::std::string::String> {
+                $crate::__private::convert::<$plugin>(object, to_version)
+            }
         }
 
         // Only components export the contract: in a native build (unit and integration
@@ -217,7 +277,39 @@ pub mod __private {
     }
 
     pub fn finalize<P: Plugin>(observed: wit::Observed) -> Result<wit::FinalizeResult, wit::Error> {
-        let ctx = Context::from_wit(P::describe(), observed).map_err(error)?;
-        P::finalize(&ctx).map(|f| f.into_wit()).map_err(error)
+        let info = P::describe();
+        let ctx = Context::from_wit(info.clone(), observed).map_err(error)?;
+        P::finalize(&ctx)
+            .and_then(|f| f.into_wit(&info))
+            .map_err(error)
+    }
+
+    pub fn customize<P: Plugin>(parent: String) -> Result<Vec<wit::RelatedRequest>, wit::Error> {
+        let info = P::describe();
+        let ctx = Context::of_parent(info.clone(), &parent).map_err(error)?;
+        P::customize(&ctx)
+            .and_then(|requests| {
+                requests
+                    .into_iter()
+                    .map(|r| r.into_wit(&info))
+                    .collect::<Result<Vec<_>, Error>>()
+            })
+            .map_err(error)
+    }
+
+    fn json(text: &str, what: &str) -> Result<serde_json::Value, String> {
+        serde_json::from_str(text)
+            .map_err(|e| format!("the host sent {what} that is not JSON: {e}"))
+    }
+
+    pub fn validate<P: Plugin>(old: Option<String>, new: String) -> Result<Vec<String>, String> {
+        let old = old.map(|o| json(&o, "an old object")).transpose()?;
+        let new = json(&new, "an object")?;
+        P::validate(old.as_ref(), &new)
+    }
+
+    pub fn convert<P: Plugin>(object: String, to_version: String) -> Result<String, String> {
+        let object = json(&object, "an object")?;
+        P::convert(object, &to_version).map(|o| o.to_string())
     }
 }

@@ -17,7 +17,30 @@ pub fn observe_for<P: Plugin>(parent: Value, children: Vec<Value>) -> Context {
             Some((info.child_index(&api_version, &kind)?, c))
         })
         .collect();
-    Context::new(info, parent, children)
+    Context::new(info, parent, children, Vec::new())
+}
+
+/// A [`Context`] for `P` with related objects too (JSON objects, matched to `P`'s
+/// declared related kinds by `apiVersion` and `kind`; undeclared ones are dropped).
+pub fn observe_related_for<P: Plugin>(
+    parent: Value,
+    children: Vec<Value>,
+    related: Vec<Value>,
+) -> Context {
+    let info = P::describe();
+    let index = |objects: Vec<Value>, find: &dyn Fn(&str, &str) -> Option<usize>| {
+        objects
+            .into_iter()
+            .filter_map(|o| {
+                let api_version = o.get("apiVersion")?.as_str()?.to_string();
+                let kind = o.get("kind")?.as_str()?.to_string();
+                Some((find(&api_version, &kind)?, o))
+            })
+            .collect::<Vec<_>>()
+    };
+    let children = index(children, &|a, k| info.child_index(a, k));
+    let related = index(related, &|a, k| info.related_index(a, k));
+    Context::new(info, parent, children, related)
 }
 
 /// A [`Context`] with no declared child kinds, for plugins that only set status.
@@ -28,5 +51,5 @@ pub fn observe(parent: Value, children: Vec<Value>) -> Context {
         "0.0.0",
         crate::KindRef::namespaced("", "v1", "Test", "tests"),
     );
-    Context::new(info, parent, Vec::new())
+    Context::new(info, parent, Vec::new(), Vec::new())
 }

@@ -93,13 +93,23 @@ pub struct BenchNamespace {
 }
 
 impl BenchNamespace {
-    /// Creates `bench-<what>-<random>`.
+    /// Creates `bench-<what>-<random>`, whose Pods all go to kwok's fake nodes (its
+    /// annotations give them the node selector `type=kwok` and the toleration of the
+    /// taint kwok's nodes carry beside a real node; docs/control-plane.md): a benchmark's
+    /// hundreds of Pods never run for real.
     pub async fn create(client: &Client, what: &str) -> Result<Self> {
         let suffix =
             std::collections::hash_map::RandomState::new().hash_one(Instant::now()) % 0xff_ffff;
         let name = format!("bench-{what}-{suffix:x}");
-        let ns: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": name}})).expect("a valid namespace");
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {
+            "name": name,
+            "annotations": {
+                "scheduler.alpha.kubernetes.io/node-selector": "type=kwok",
+                "scheduler.alpha.kubernetes.io/defaultTolerations":
+                    r#"[{"key":"kwok.x-k8s.io/node","operator":"Equal","value":"fake","effect":"NoSchedule"}]"#,
+            },
+        }}))
+        .expect("a valid namespace");
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &ns)
             .await

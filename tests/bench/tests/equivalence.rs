@@ -20,6 +20,7 @@ fn uuid_info() -> PluginInfo {
         finalizer: false,
         resync_seconds: None,
         crd: None,
+        ..Default::default()
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod control_plane;
 pub mod fleet;
+pub mod node;
 pub mod objects;
 pub mod operator;
 
@@ -49,16 +50,46 @@ pub struct TestNamespace {
     client: Client,
 }
 
+/// The label of kwok's fake nodes, which a kwok namespace's node selector names.
+pub const KWOK_NODE_LABEL: &str = "type=kwok";
+
+/// A namespace named `name` whose Pods all go to kwok's fake nodes, where nothing runs:
+/// the PodNodeSelector admission plugin gives each of its Pods the node selector
+/// `type=kwok`, and PodTolerationRestriction the toleration of the taint kwok's nodes
+/// carry beside a real node (`kwok.x-k8s.io/node=fake:NoSchedule`).
+///
+/// For tests whose Pods must not run for real (images that do not exist here, hundreds
+/// of replicas); on a cluster without a real node it changes nothing.
+pub fn kwok_namespace(name: &str) -> Namespace {
+    serde_json::from_value(serde_json::json!({"metadata": {
+        "name": name,
+        "annotations": {
+            "scheduler.alpha.kubernetes.io/node-selector": KWOK_NODE_LABEL,
+            "scheduler.alpha.kubernetes.io/defaultTolerations":
+                r#"[{"key":"kwok.x-k8s.io/node","operator":"Equal","value":"fake","effect":"NoSchedule"}]"#,
+        },
+    }}))
+    .expect("a valid Namespace")
+}
+
 impl TestNamespace {
-    /// Creates `<prefix>-<random>`.
+    /// Creates `<prefix>-<random>`, whose Pods go wherever the scheduler puts them (the
+    /// real node, when the cluster has one).
     pub async fn new(client: &Client, prefix: &str) -> Self {
-        let suffix = format!(
-            "{:x}",
-            std::collections::hash_map::RandomState::new().hash_one(Instant::now()) % 0xffffff
-        );
-        let name = format!("{prefix}-{suffix}");
+        let name = random_name(prefix);
         let ns: Namespace =
             serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+        Self::create(client, name, ns).await
+    }
+
+    /// Creates `<prefix>-<random>` as a [`kwok_namespace`]: its Pods never run.
+    pub async fn kwok(client: &Client, prefix: &str) -> Self {
+        let name = random_name(prefix);
+        let ns = kwok_namespace(&name);
+        Self::create(client, name, ns).await
+    }
+
+    async fn create(client: &Client, name: String, ns: Namespace) -> Self {
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &ns)
             .await
@@ -68,6 +99,14 @@ impl TestNamespace {
             client: client.clone(),
         }
     }
+}
+
+fn random_name(prefix: &str) -> String {
+    let suffix = format!(
+        "{:x}",
+        std::collections::hash_map::RandomState::new().hash_one(Instant::now()) % 0xffffff
+    );
+    format!("{prefix}-{suffix}")
 }
 
 impl Drop for TestNamespace {
@@ -156,6 +195,26 @@ pub async fn in_test_namespace<T>(
 ) -> Result<T> {
     let client = client().await;
     let namespace = TestNamespace::new(&client, prefix).await;
+    run_then_delete(client, namespace, cleanup, test).await
+}
+
+/// [`in_test_namespace`] with a [`kwok_namespace`]: the test's Pods never run.
+pub async fn in_kwok_namespace<T>(
+    prefix: &str,
+    cleanup: Duration,
+    test: impl AsyncFnOnce(Client, String) -> Result<T>,
+) -> Result<T> {
+    let client = client().await;
+    let namespace = TestNamespace::kwok(&client, prefix).await;
+    run_then_delete(client, namespace, cleanup, test).await
+}
+
+async fn run_then_delete<T>(
+    client: Client,
+    namespace: TestNamespace,
+    cleanup: Duration,
+    test: impl AsyncFnOnce(Client, String) -> Result<T>,
+) -> Result<T> {
     let outcome = test(client, namespace.name.clone()).await;
     let deleted = namespace.delete(cleanup).await;
     let value = outcome?;

@@ -55,7 +55,8 @@ pub fn uuid_other_build() -> PathBuf {
         .unwrap_or_else(|| root().join("target/wasm32-wasip1/release/capstan_plugin_uuid.wasm"))
 }
 
-fn free_port() -> u16 {
+/// A loopback port nobody listens on now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -143,12 +144,31 @@ impl Operator {
             None => format!("capstan-e2e-{namespace}.log"),
         };
         let log = std::env::temp_dir().join(log);
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        // Each host its own webhook port and configuration (scoped to its namespace), so
+        // that tests running side by side never share either; a restart keeps both.
+        if !extra.iter().any(|a| a.starts_with("--webhook-addr")) {
+            extra.extend([
+                "--webhook-addr".into(),
+                format!("127.0.0.1:{}", free_port()),
+            ]);
+        }
+        if !extra
+            .iter()
+            .any(|a| a.starts_with("--webhook-configuration"))
+        {
+            let name = match &identity {
+                Some(id) => format!("capstan-e2e-{namespace}-{id}"),
+                None => format!("capstan-e2e-{namespace}"),
+            };
+            extra.extend(["--webhook-configuration".into(), name]);
+        }
         let mut op = Operator {
             child: None,
             plugins: dir,
             namespace: namespace.into(),
             port: free_port(),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
+            extra,
             log,
             kubeconfig,
             identity,
@@ -315,9 +335,87 @@ impl Operator {
 }
 
 impl Drop for Operator {
+    /// Deletes the parents of the plugins it serves and waits until they are gone, then
+    /// kills the process: as a user removes what an operator manages before removing
+    /// the operator. A parent with a finalizer (PostgreSQLCluster's teardown) would
+    /// otherwise keep the test's namespace from going. An operator already killed by
+    /// the test leaves its parents as they are.
     fn drop(&mut self) {
+        if self.exit_status().is_none() && self.child.is_some() {
+            self.delete_parents();
+        }
         self.kill();
     }
+}
+
+impl Operator {
+    /// `kubectl delete --all --wait` of every kind this host serves, in its namespace;
+    /// failures are printed, not raised (the namespace's deletion reports what stays).
+    fn delete_parents(&self) {
+        let Some(kubectl) = std::env::var_os("CAPSTAN_KUBECTL") else {
+            return;
+        };
+        let kinds = match blocking_get(self.port, "/plugins")
+            .and_then(|body| Ok(serde_json::from_str::<Value>(&body)?))
+        {
+            Ok(Value::Array(plugins)) => plugins
+                .iter()
+                .filter(|p| p["serving"] == true)
+                .filter_map(|p| p["kind"].as_str().and_then(kubectl_resource))
+                .collect::<Vec<_>>(),
+            _ => return,
+        };
+        for kind in kinds {
+            let out = Command::new(&kubectl)
+                .args([
+                    "delete",
+                    "--all",
+                    "--wait",
+                    "--timeout=120s",
+                    "--ignore-not-found",
+                ])
+                .args(["-n", &self.namespace, &kind])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .output();
+            match out {
+                Ok(out) if !out.status.success() => eprintln!(
+                    "operator teardown: kubectl delete --all {kind} -n {}: {}",
+                    self.namespace,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                Err(e) => eprintln!("operator teardown: kubectl: {e}"),
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+/// `Kind.group/version` (how `/plugins` names a kind) as kubectl names its resource,
+/// `Kind.version.group`.
+fn kubectl_resource(kind: &str) -> Option<String> {
+    let (kind, api_version) = kind.split_once('.')?;
+    Some(match api_version.split_once('/') {
+        Some((group, version)) => format!("{kind}.{version}.{group}"),
+        None => format!("{kind}.{api_version}"),
+    })
+}
+
+/// A plain HTTP GET on loopback without a runtime (for `Drop`), returning the body.
+fn blocking_get(port: u16, path: &str) -> Result<String> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (_, body) = response
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP response")?;
+    Ok(body.to_string())
 }
 
 /// A plain HTTP GET on loopback, returning the body.

@@ -2,7 +2,8 @@
 //! plugin: a postgresql Database becomes a PostgreSQLCluster, then (through the
 //! PostgreSQL plugin) a StatefulSet whose pods kwok runs, and `kubectl get databases`
 //! shows it Running with its endpoint; a mysql Database gets its StatefulSet, Service and
-//! Secret; an engine change on a live Database is refused and changes nothing.
+//! Secret; an engine change on a live Database is refused at `kubectl apply` time by the
+//! plugin's validate and changes nothing.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -62,14 +63,6 @@ fn status<'a>(obj: &'a DynamicObject, field: &str) -> &'a Value {
         .unwrap_or(&Value::Null)
 }
 
-fn ready_reason(obj: &DynamicObject) -> Option<&str> {
-    status(obj, "conditions")
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "Ready")?["reason"]
-        .as_str()
-}
-
 /// Waits until Database `name` reports `phase` for its current generation.
 async fn await_phase(
     client: &Client,
@@ -126,7 +119,7 @@ where
 #[tokio::test]
 async fn databases_of_both_engines_run_and_an_engine_change_is_refused() {
     let client = client().await;
-    let ns = TestNamespace::new(&client, "database").await;
+    let ns = TestNamespace::kwok(&client, "database").await;
     let op = Operator::start(&ns.name, &[&plugin("postgresql"), &plugin("database")], &[]).await;
     let pg = create(
         &client,
@@ -152,7 +145,7 @@ async fn databases_of_both_engines_run_and_an_engine_change_is_refused() {
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
     assert_eq!(
         cluster.data["spec"],
-        json!({"replicas": 3, "version": "16.10", "storage": "1Gi"})
+        json!({"replicas": 3, "version": "16.15", "storage": "1Gi"})
     );
     let owner = &cluster.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
@@ -164,7 +157,7 @@ async fn databases_of_both_engines_run_and_an_engine_change_is_refused() {
     assert_eq!(sts.spec.replicas, Some(3));
     let running = await_phase(&client, &ns.name, "pg", "Running", &op).await;
     assert_eq!(status(&running, "readyReplicas"), 3);
-    assert_eq!(status(&running, "version"), "16.10");
+    assert_eq!(status(&running, "version"), "16.15");
     let endpoint = format!("pg-rw.{}.svc:5432", ns.name);
     assert_eq!(status(&running, "endpoint"), &json!(endpoint));
 
@@ -187,7 +180,7 @@ async fn databases_of_both_engines_run_and_an_engine_change_is_refused() {
         [
             "pg",
             "postgresql",
-            "16.10",
+            "16.15",
             "Running",
             "3",
             endpoint.as_str()
@@ -220,18 +213,26 @@ async fn databases_of_both_engines_run_and_an_engine_change_is_refused() {
     );
     assert_eq!(status(&running, "readyReplicas"), 1);
 
-    // An engine change: Failed, and the MySQL children stay exactly as they were.
-    databases(&client, &ns.name)
+    // An engine change is refused at admission (the plugin's validate, failure policy
+    // Fail) with its message: nothing is stored, the Database stays Running, and the
+    // MySQL children stay exactly as they were.
+    let refused = databases(&client, &ns.name)
         .patch(
             "my",
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"engine": "postgresql"}})),
         )
         .await
-        .unwrap();
-    let failed = await_phase(&client, &ns.name, "my", "Failed", &op).await;
-    assert_eq!(ready_reason(&failed), Some("EngineChange"));
-    assert_eq!(status(&failed, "engine"), "mysql");
+        .expect_err("an engine change is refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("spec.engine is postgresql, but this Database runs mysql"),
+        "{refused}"
+    );
+    let still = await_phase(&client, &ns.name, "my", "Running", &op).await;
+    assert_eq!(still.data["spec"]["engine"], "mysql", "nothing stored");
+    assert_eq!(status(&still, "engine"), "mysql");
     let after: StatefulSet = get(&client, &ns.name, "my", &op).await;
     assert_eq!(after.metadata.uid, sts.metadata.uid);
     assert_eq!(after.metadata.generation, sts.metadata.generation);

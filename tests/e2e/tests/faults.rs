@@ -20,7 +20,7 @@ use capstan_e2e::control_plane::{AuditEvent, ControlPlane, await_api_ready};
 use capstan_e2e::fleet::{self, Fleet, Survey, WIDGET_LABEL, retried, widget_kind};
 use capstan_e2e::objects::{postgres_kind, test_kind, uuid_kind};
 use capstan_e2e::operator::{Operator, plugin, test_plugin};
-use capstan_e2e::{in_test_namespace, wait_for};
+use capstan_e2e::{in_kwok_namespace, in_test_namespace, wait_for};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff::Timestamp;
@@ -62,7 +62,7 @@ fn plugins() -> Vec<std::path::PathBuf> {
 async fn parents_survive_kills_restarts_and_a_paused_leader() {
     let started = Instant::now();
     let control_plane = ControlPlane::from_env();
-    let report = in_test_namespace("faults", Duration::from_secs(300), async |client, ns| {
+    let report = in_kwok_namespace("faults", Duration::from_secs(300), async |client, ns| {
         run(&control_plane, &client, &ns).await
     })
     .await
@@ -414,7 +414,8 @@ async fn run(control_plane: &ControlPlane, client: &Client, ns: &str) -> Result<
             op.log_tail()
         );
     }
-    drop(op);
+    // Stopped, not dropped: a dropped Operator deletes its parents, which (c) goes on with.
+    op.terminate();
 
     // (c): two replicas under leader election; the leader is paused while it works.
     let id_leader = format!("{ns}-a");

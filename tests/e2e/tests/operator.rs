@@ -133,7 +133,7 @@ fn uuid_of(obj: &DynamicObject) -> String {
 #[tokio::test]
 async fn uuid_gets_a_uuid_that_survives_restart_resync_and_reload() {
     let client = client().await;
-    let ns = TestNamespace::new(&client, "uuid").await;
+    let ns = TestNamespace::kwok(&client, "uuid").await;
     let mut op = Operator::start(&ns.name, &[&plugin("uuid")], &["--resync-seconds", "1"]).await;
     create(&client, &ns.name, &uuid_ar(), "first", json!({})).await;
     let obj = await_status(&client, &ns.name, &uuid_ar(), "first", "status.uuid", |o| {
@@ -250,7 +250,7 @@ fn names(cms: &[ConfigMap]) -> Vec<String> {
 #[tokio::test]
 async fn children_are_applied_restored_pruned_and_garbage_collected() {
     let client = client().await;
-    let ns = TestNamespace::new(&client, "children").await;
+    let ns = TestNamespace::kwok(&client, "children").await;
     let op = Operator::start(&ns.name, &[&test_plugin("widget")], &[]).await;
     let parent = create(
         &client,
@@ -349,7 +349,7 @@ async fn children_are_applied_restored_pruned_and_garbage_collected() {
 #[tokio::test]
 async fn a_finalizer_holds_deletion_until_finalize_is_done() {
     let client = client().await;
-    let ns = TestNamespace::new(&client, "finalizer").await;
+    let ns = TestNamespace::kwok(&client, "finalizer").await;
     let op = Operator::start(&ns.name, &[&test_plugin("guard")], &[]).await;
     create(
         &client,
@@ -401,7 +401,7 @@ async fn a_finalizer_holds_deletion_until_finalize_is_done() {
 #[tokio::test]
 async fn refused_output_applies_nothing_and_is_reported() {
     let client = client().await;
-    let ns = TestNamespace::new(&client, "refused").await;
+    let ns = TestNamespace::kwok(&client, "refused").await;
     let op = Operator::start(&ns.name, &[&test_plugin("widget")], &[]).await;
     create(&client, &ns.name, &widget_ar(), "w", json!({"count": 2})).await;
     wait_for("two ConfigMaps", T, || async {
@@ -531,7 +531,7 @@ fn state_of<'a>(states: &'a [Value], file: &str) -> Option<&'a Value> {
 #[tokio::test]
 async fn ready_only_once_every_plugin_file_is_loaded() {
     let client = client().await;
-    let ns = TestNamespace::new(&client, "readyz").await;
+    let ns = TestNamespace::kwok(&client, "readyz").await;
     // start() copies the files into a new directory and returns once /readyz is ok. An
     // empty compile cache makes loading take seconds (compiling PostgreSQL's plugin),
     // so a /readyz that does not wait for it is seen.
@@ -555,7 +555,7 @@ async fn ready_only_once_every_plugin_file_is_loaded() {
 #[tokio::test]
 async fn the_plugin_directory_is_live() {
     let client = client().await;
-    let ns = TestNamespace::new(&client, "plugdir").await;
+    let ns = TestNamespace::kwok(&client, "plugdir").await;
     let op = Operator::start(&ns.name, &[], &[]).await;
     let dir = op.plugins.path().to_path_buf();
     assert!(op.plugin_states().await.unwrap().is_empty());
@@ -653,7 +653,7 @@ async fn the_plugin_directory_is_live() {
 #[tokio::test]
 async fn with_leader_election_one_replica_reconciles_and_another_takes_over() {
     let client = client().await;
-    let ns = TestNamespace::new(&client, "leader").await;
+    let ns = TestNamespace::kwok(&client, "leader").await;
     let election = [
         "--leader-elect",
         "--leader-election-namespace",

@@ -1,6 +1,8 @@
 //! The PostgreSQLCluster plugin on the real local control plane (kwok makes the pods
-//! Running and Ready): phases, scaling, a minor upgrade, a refused major upgrade, the
-//! password across a host restart, and deletion.
+//! Running and Ready): phases, scaling, a minor upgrade, a major upgrade refused at
+//! admission, the password across a host restart, and deletion; the two versions of the
+//! CRD read back through the plugin's conversion, and the changes `kubectl apply` is
+//! refused with the plugin's own message.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +21,11 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(120);
+
+/// The tests take turns: each runs a host that points the CRD's conversion webhook at
+/// itself, and the v1alpha1 objects they write are converted through it; a host that
+/// stopped first would leave the other's conversions failing until it set them again.
+static TURNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn pgc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &postgres_kind())
@@ -106,8 +113,9 @@ async fn record_phases(api: Api<DynamicObject>) -> Arc<Mutex<Vec<String>>> {
 
 #[tokio::test]
 async fn a_cluster_runs_scales_upgrades_refuses_and_is_deleted() {
+    let _turn = TURNS.lock().await;
     let client = client().await;
-    let ns = TestNamespace::new(&client, "pg").await;
+    let ns = TestNamespace::kwok(&client, "pg").await;
     let mut op = Operator::start(&ns.name, &[&plugin("postgresql")], &[]).await;
     let pgc: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
@@ -206,17 +214,30 @@ async fn a_cluster_runs_scales_upgrades_refuses_and_is_deleted() {
     .await
     .unwrap();
 
-    // A major version change is refused: Failed, a reason, a Warning, the StatefulSet untouched.
+    // A major version change is refused at admission, with the plugin's message: the
+    // API server stores nothing, the cluster stays Running, the StatefulSet untouched.
+    // (Reconcile's own refusal, for a change that got past a webhook that was down, is
+    // tested in host/tests/postgresql.rs.)
     let before = sts(&client, &ns.name).await;
-    patch_spec(&client, &ns.name, json!({"version": "17.0"})).await;
-    let failed = await_phase(&client, &ns.name, "Failed", &op).await;
-    let conditions = status(&failed, "conditions")
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let ready = conditions.iter().find(|c| c["type"] == "Ready").unwrap();
-    assert_eq!(ready["status"], "False");
-    assert_eq!(ready["reason"], "MajorVersionChange");
+    let refused = api
+        .patch(
+            "pg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"version": "17.0"}})),
+        )
+        .await
+        .expect_err("a major version change is refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("spec.version 17.0 is a major version change from 16.2"),
+        "{refused}"
+    );
+    assert_eq!(
+        api.get("pg").await.unwrap().data["spec"]["version"],
+        "16.2",
+        "nothing stored"
+    );
     holds_for(
         "the StatefulSet to stay as it was",
         Duration::from_secs(3),
@@ -236,7 +257,7 @@ async fn a_cluster_runs_scales_upgrades_refuses_and_is_deleted() {
 
     // The password survives a host restart.
     op.restart().await;
-    patch_spec(&client, &ns.name, json!({"version": "16.2"})).await;
+    patch_spec(&client, &ns.name, json!({"replicas": 3})).await;
     await_phase(&client, &ns.name, "Running", &op).await;
     assert_eq!(
         password(&client, &ns.name).await,
@@ -279,4 +300,145 @@ async fn a_cluster_runs_scales_upgrades_refuses_and_is_deleted() {
             .map(|c| c.metadata.name.clone())
             .collect::<Vec<_>>()
     );
+}
+
+fn pgc_v1_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let mut kind = postgres_kind();
+    kind.version = "v1".into();
+    kind.api_version = "db.example.com/v1".into();
+    Api::namespaced_with(client.clone(), ns, &kind)
+}
+
+/// The API server's refusal of a merge patch of `name`'s spec, as the client sees it.
+async fn refused_patch(api: &Api<DynamicObject>, name: &str, spec: Value) -> String {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": spec})),
+    )
+    .await
+    .map(|o| panic!("{spec} was allowed: {:?}", o.data["spec"]))
+    .unwrap_err()
+    .to_string()
+}
+
+#[tokio::test]
+async fn both_versions_read_back_through_the_plugin_and_bad_changes_are_refused_at_admission() {
+    let _turn = TURNS.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::kwok(&client, "pgconv").await;
+    let op = Operator::start(&ns.name, &[&plugin("postgresql")], &[]).await;
+    let (alpha, v1) = (pgc_api(&client, &ns.name), pgc_v1_api(&client, &ns.name));
+
+    // Created as v1alpha1 (the seed's), read back as v1 (CloudNativePG's words).
+    let old: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
+        "metadata": {"name": "old"},
+        "spec": {"replicas": 2, "version": "16.15", "storage": "1Gi",
+                 "backupSchedule": "0 3 * * *"},
+    }))
+    .unwrap();
+    wait_for("the v1alpha1 PostgreSQLCluster to be created", T, || {
+        let (api, old) = (alpha.clone(), old.clone());
+        async move { Ok(Some(api.create(&PostParams::default(), &old).await?)) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    let as_v1 = v1.get("old").await.unwrap();
+    assert_eq!(
+        as_v1.types.as_ref().unwrap().api_version,
+        "db.example.com/v1"
+    );
+    assert_eq!(
+        as_v1.data["spec"],
+        json!({"instances": 2, "version": "16.15", "storage": {"size": "1Gi"},
+               "backupSchedule": "0 3 * * *"})
+    );
+
+    // Created as v1, read back as v1alpha1.
+    let new: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "db.example.com/v1", "kind": "PostgreSQLCluster",
+        "metadata": {"name": "new"},
+        "spec": {"instances": 1, "version": "16.15", "storage": {"size": "2Gi"}},
+    }))
+    .unwrap();
+    v1.create(&PostParams::default(), &new).await.unwrap();
+    let as_alpha = alpha.get("new").await.unwrap();
+    assert_eq!(
+        as_alpha.data["spec"],
+        json!({"replicas": 1, "version": "16.15", "storage": "2Gi"})
+    );
+    assert!(
+        as_alpha
+            .metadata
+            .annotations
+            .is_none_or(|a| a.keys().all(|k| !k.starts_with("conversion."))),
+        "nothing to keep aside for a spec both versions hold"
+    );
+
+    // The plugin reconciles both (it sees v1); the status reads the same in either.
+    for name in ["old", "new"] {
+        let running = wait_for(&format!("{name} Running"), T, || {
+            let api = v1.clone();
+            async move {
+                let o = api.get(name).await?;
+                Ok((o.data.pointer("/status/phase") == Some(&json!("Running"))).then_some(o))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+        let alpha_status = alpha.get(name).await.unwrap().data["status"].clone();
+        assert_eq!(alpha_status, running.data["status"], "{name}");
+    }
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns.name);
+    assert_eq!(sts.get("old").await.unwrap().spec.replicas, Some(2));
+    assert_eq!(sts.get("new").await.unwrap().spec.replicas, Some(1));
+
+    // Edited through v1alpha1, the v1 object follows.
+    patch_spec_of(&alpha, "new", json!({"replicas": 3})).await;
+    assert_eq!(v1.get("new").await.unwrap().data["spec"]["instances"], 3);
+
+    // Refused at admission with the plugin's message, in either version; nothing is
+    // stored. The API server converts a v1alpha1 change to v1 before it asks the
+    // plugin, so the message names the v1 fields.
+    let shrink = refused_patch(&alpha, "old", json!({"storage": "500Mi"})).await;
+    assert!(
+        shrink.contains("spec.storage.size 500Mi is smaller than 1Gi"),
+        "{shrink}"
+    );
+    let shrink_v1 = refused_patch(&v1, "old", json!({"storage": {"size": "500Mi"}})).await;
+    assert!(
+        shrink_v1.contains("spec.storage.size 500Mi is smaller than 1Gi"),
+        "{shrink_v1}"
+    );
+    let schedule = refused_patch(&alpha, "old", json!({"backupSchedule": "every night"})).await;
+    assert!(
+        schedule.contains("spec.backupSchedule is not a valid cron expression"),
+        "{schedule}"
+    );
+    let major = refused_patch(&v1, "new", json!({"version": "17.2"})).await;
+    assert!(
+        major.contains("is a major version change from 16.15"),
+        "{major}"
+    );
+    assert!(
+        shrink.contains("denied the request"),
+        "an admission webhook's answer: {shrink}"
+    );
+    assert_eq!(
+        v1.get("old").await.unwrap().data["spec"]["storage"],
+        json!({"size": "1Gi"})
+    );
+    drop(op);
+    ns.delete(T).await.unwrap();
+}
+
+async fn patch_spec_of(api: &Api<DynamicObject>, name: &str, spec: Value) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": spec})),
+    )
+    .await
+    .unwrap();
 }

@@ -543,10 +543,11 @@ async fn children_applied_before_sharding_are_labelled_and_observed() {
             let paths: Vec<&std::path::Path> = paths.iter().map(|p| p.as_path()).collect();
             // An unsharded run makes the children, then they lose the label, as if an
             // older version had applied them.
-            let op = Operator::start(&ns, &paths, &[]).await;
+            let mut op = Operator::start(&ns, &paths, &[]).await;
             create_all(&client, &ns, 0, 1).await?;
             converge(&client, &ns, "v1", 0, 1).await?;
-            drop(op);
+            // Stopped, not dropped: a dropped Operator deletes its parents.
+            op.terminate();
             let unlabel = json!({"metadata": {"labels": {"capstan.dev/shard-bucket": null}}});
             let mut uids = Vec::new();
             for name in ["w-000-0", "w-000-1"] {

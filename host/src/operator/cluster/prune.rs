@@ -9,8 +9,22 @@ use crate::contract::ObservedChild;
 
 impl ClusterWrites {
     /// Deletes an observed child that is no longer desired, only if it is still the
-    /// same object (UID precondition). Already gone is fine.
+    /// same object (UID precondition). Already gone is fine. What the child owns is
+    /// deleted in the background.
     pub async fn prune_child(&self, kinds: &ChildKinds, child: &ObservedChild) -> Result<()> {
+        self.delete_child(kinds, child, PropagationPolicy::Background)
+            .await
+    }
+
+    /// Deletes an observed child, only if it is still the same object (UID
+    /// precondition), with `propagation` for what it owns (a teardown wave deletes in
+    /// the foreground: the child stays, being deleted, until what it owns is gone).
+    pub async fn delete_child(
+        &self,
+        kinds: &ChildKinds,
+        child: &ObservedChild,
+        propagation: PropagationPolicy,
+    ) -> Result<()> {
         let (kind, ar) = &kinds.kinds[child.kind_index as usize];
         let field = |p: &str| child.object.pointer(p).and_then(Value::as_str);
         let name = field("/metadata/name").unwrap_or_default();
@@ -19,13 +33,13 @@ impl ClusterWrites {
                 uid: field("/metadata/uid").map(String::from),
                 resource_version: None,
             }),
-            propagation_policy: Some(PropagationPolicy::Background),
+            propagation_policy: Some(propagation),
             ..DeleteParams::default()
         };
         let api = self.child_api(ar, kind.namespaced, field("/metadata/namespace"));
         match self
             .write(
-                || format!("prune {} {name:?}", kind.kind),
+                || format!("delete {} {name:?}", kind.kind),
                 api.delete(name, &params),
             )
             .await
