@@ -39,7 +39,7 @@ pub fn main(args: &[String]) -> Result<()> {
                 cluster::NODE_NAME
             );
             // The PostgreSQL the samples ask for; capstan itself runs beside the cluster.
-            crate::image::build_and_import(&cluster.state_dir, false)
+            crate::image::build_and_import(&cluster.state_dir, None)
         }
         false => {
             eprintln!("demo: no real node on this machine: kwok simulates the Pods");

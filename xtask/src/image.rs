@@ -12,7 +12,7 @@
 //!
 //! Both are built as root: the owners of the files in an image are those on disk.
 
-mod capstan;
+pub mod capstan;
 mod postgres;
 
 use std::path::{Path, PathBuf};
@@ -68,7 +68,7 @@ pub fn main(args: &[String]) -> Result<()> {
     for image in which {
         let started = Instant::now();
         let built = match image {
-            Which::Capstan => vec![Built::from(capstan::build()?)],
+            Which::Capstan => vec![Built::from(capstan::build(capstan::Host::Release)?)],
             Which::Postgres => postgres::build_all()?,
         };
         for built in built {
@@ -83,12 +83,12 @@ pub fn main(args: &[String]) -> Result<()> {
 
 /// Builds (or takes from the cache) every image and imports it into the real node of
 /// the cluster in `state_dir`: what `cargo xtask test` and the demo need there. With
-/// `capstan: false`, only the postgres images (the release host is not needed).
-pub fn build_and_import(state_dir: &Path, capstan: bool) -> Result<()> {
+/// `capstan: None`, only the postgres images (no host is built).
+pub fn build_and_import(state_dir: &Path, capstan: Option<capstan::Host>) -> Result<()> {
     let started = Instant::now();
     let mut built = postgres::build_all()?;
-    if capstan {
-        built.push(Built::from(capstan::build()?));
+    if let Some(host) = capstan {
+        built.push(Built::from(capstan::build(host)?));
     }
     for image in &built {
         report(image, started);

@@ -208,9 +208,10 @@ fn test(args: &[String]) -> Result<()> {
     let host_before = cluster::HostSnapshot::take(&options.state_dir)?;
     let cluster = cluster::up(&options)?;
     // The images the real node's tests run (capstan:0.1.0, postgres:16.14 and 16.15).
-    // Without a real node those tests fail, saying so; the others run on kwok.
+    // Without a real node those tests fail, saying so; the others run on kwok. The
+    // capstan image holds the test build of the host, not a second, release build.
     let imported = match cluster.real_node {
-        true => image::build_and_import(&cluster.state_dir, true),
+        true => image::build_and_import(&cluster.state_dir, Some(image::capstan::Host::Test)),
         false => Ok(()),
     };
     if let Err(err) = imported {

@@ -33,6 +33,12 @@ pub fn widget_kind() -> ApiResource {
 /// Installs the CRD of each plugin (as `capstan crd` prints it) with the host's own
 /// field manager, and waits until each is established: the parents are created before
 /// the operator under test starts.
+///
+/// The CRD goes in without its `spec.conversion`: the bench creates no parent of a
+/// converting kind, and the host it starts points the webhook at itself. The stanza
+/// `capstan crd` prints names the in-cluster Service, and an earlier test's host may
+/// have left the live CRD on its URL; the API server refuses a webhook with both
+/// ("exactly one of url or service is required"), which once failed CI here.
 pub async fn install_crds(client: &Client, capstan: &Path, plugins: &[&Path]) -> Result<()> {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     for plugin in plugins {
@@ -48,8 +54,9 @@ pub async fn install_crds(client: &Client, capstan: &Path, plugins: &[&Path]) ->
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
-        let crd: CustomResourceDefinition = serde_yaml_ng::from_slice(&out.stdout)
+        let mut crd: CustomResourceDefinition = serde_yaml_ng::from_slice(&out.stdout)
             .map_err(|e| Error::Setup(format!("the CRD of {}: {e}", plugin.display())))?;
+        crd.spec.conversion = None;
         let name = crd.name_any();
         api.patch(
             &name,

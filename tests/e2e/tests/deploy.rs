@@ -82,6 +82,14 @@ async fn capstan_pods(client: &Client) -> Vec<Pod> {
         .items
 }
 
+/// The capstan Pods that are not being deleted: a Pod a rollout is replacing may still
+/// be listed, Terminating, after its containers and their cgroups are gone.
+async fn live_capstan_pods(client: &Client) -> Vec<Pod> {
+    let mut pods = capstan_pods(client).await;
+    pods.retain(|p| p.metadata.deletion_timestamp.is_none());
+    pods
+}
+
 /// Waits until the Deployment has `replicas` updated, available replicas and no old
 /// ones, with args satisfying `args_ok`.
 async fn await_rolled_out(client: &Client, replicas: i32) {
@@ -279,6 +287,15 @@ async fn the_host_runs_in_cluster_from_its_image_and_survives_a_rollout_restart(
         "the Lease is held by {holder:?}, not one of the Pods"
     );
 
+    // The first Pods' memory, before the restart replaces them.
+    let mut peaks = BTreeMap::new();
+    for pod in live_capstan_pods(&client).await {
+        peaks.insert(
+            pod.metadata.name.clone().unwrap_or_default(),
+            check_memory(&pod),
+        );
+    }
+
     // A rollout restart while parents are being created: every one is reconciled, and
     // the writes of the old and the new leader never interleave.
     let restart_from = chrono_now();
@@ -317,9 +334,8 @@ async fn the_host_runs_in_cluster_from_its_image_and_survives_a_rollout_restart(
     );
     assert_one_writer_at_a_time(&writes, "the Uuids");
 
-    // Memory: no Pod, old or new, restarted or went over its limit, first start included.
-    let mut peaks = BTreeMap::new();
-    for pod in capstan_pods(&client).await {
+    // Memory: no Pod, old (checked above) or new, restarted or went over its limit.
+    for pod in live_capstan_pods(&client).await {
         peaks.insert(
             pod.metadata.name.clone().unwrap_or_default(),
             check_memory(&pod),
@@ -409,7 +425,7 @@ async fn the_host_runs_in_cluster_from_its_image_and_survives_a_rollout_restart(
     for (parent, by) in &writers {
         assert_one_writer_at_a_time(by, parent);
     }
-    for pod in capstan_pods(&client).await {
+    for pod in live_capstan_pods(&client).await {
         check_memory(&pod);
     }
     namespace.delete(T).await.unwrap();

@@ -1,4 +1,5 @@
-//! The `capstan` image: the release host, the shipped plugins, their code compiled at
+//! The `capstan` image: the release host (or, for the tests, their build of it; see
+//! [`Host`]), the shipped plugins, their code compiled at
 //! build time, and what the host needs to run (its shared libraries, a non-root user) —
 //! the contents of `gcr.io/distroless/cc-debian12:nonroot` that it uses, nothing more.
 //!
@@ -18,7 +19,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 use super::{fresh_dir, images_dir, in_root, make_dir, run_isolated, write_file};
-use crate::{build_release, build_selected_plugins, oci, run_cmd, target_dir};
+use crate::{build_host, build_release, build_selected_plugins, oci, run_cmd, target_dir};
 
 /// What the image holds from the build: (path under the target directory, path in the
 /// image). A trailing `/` copies a directory's files.
@@ -45,22 +46,54 @@ pub fn name() -> String {
     format!("capstan:{}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Builds the release host and the shipped plugins, compiles the plugins, and writes
+/// Which build of the host goes into the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Host {
+    /// `cargo build --release` (thin LTO): what `cargo xtask image` ships and
+    /// deploy/Dockerfile builds.
+    Release,
+    /// The test build `cargo xtask test` has made already (`cargo test --no-run`: the
+    /// dependencies, wasmtime and kube among them, at opt-level 2, the host's own code
+    /// unoptimized). The image is assembled by the same code from the same content;
+    /// only the binary differs, and the tests do not compile wasmtime a second time for
+    /// it (about 17 minutes of a cold CI run, 8 for every host change on a warm one).
+    Test,
+}
+
+impl Host {
+    /// The binary's path under the target directory.
+    fn binary(self) -> &'static str {
+        match self {
+            Host::Release => CONTENT[0].0,
+            Host::Test => "debug/capstan",
+        }
+    }
+}
+
+/// Builds the host (`host`) and the shipped plugins, compiles the plugins, and writes
 /// the image to target/images/capstan-<version>.tar.
-pub fn build() -> Result<oci::Image> {
-    let release = build_release()?;
+pub fn build(host: Host) -> Result<oci::Image> {
+    match host {
+        Host::Release => {
+            build_release()?;
+        }
+        Host::Test => {
+            build_host()?;
+        }
+    }
+    let binary = target_dir().join(host.binary());
     let plugins = build_selected_plugins(false)?.plugins;
     let compiled = target_dir().join("compiled");
     fresh_dir(&compiled)?;
     run_cmd(
-        std::process::Command::new(release.join("capstan"))
+        std::process::Command::new(&binary)
             .arg("precompile")
             .arg(&plugins)
             .arg(&compiled),
     )?;
     let rootfs = images_dir().join("capstan-rootfs");
     fresh_dir(&rootfs)?;
-    assemble(&rootfs)?;
+    assemble(&rootfs, host)?;
     check(&rootfs)?;
     let config = oci::ImageConfig {
         name: name(),
@@ -84,16 +117,16 @@ pub fn build() -> Result<oci::Image> {
 
 /// Fills `rootfs` with [`CONTENT`], the host's shared libraries, the users and the
 /// directories a distroless image has.
-fn assemble(rootfs: &Path) -> Result<()> {
-    for (from, to) in CONTENT {
-        let from = target_dir().join(from);
+fn assemble(rootfs: &Path, host: Host) -> Result<()> {
+    for (i, (from, to)) in CONTENT.iter().enumerate() {
+        let from = target_dir().join(if i == 0 { host.binary() } else { from });
         if to.ends_with('/') {
             copy_dir_files(&from, &in_root(rootfs, to))?;
         } else {
             copy_file(&from, &in_root(rootfs, to))?;
         }
     }
-    let binary = target_dir().join(CONTENT[0].0);
+    let binary = target_dir().join(host.binary());
     for lib in super::shared_libraries(&binary)? {
         copy_file(&lib, &in_root(rootfs, &lib.to_string_lossy()))?;
         // The libraries' licences go with them, as in Debian's images.
