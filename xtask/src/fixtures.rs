@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use crate::{cargo, root, target_dir};
 
 /// The last commit whose plugins were built for `capstan:plugin@0.1.0`.
-pub const CONTRACT_0_1_COMMIT: &str = "a243569ec9fdb3f2b0e7e94d7636bfae1d6d488b";
+pub const CONTRACT_0_1_COMMIT: &str = "0c783e060711234ff12d921649b67e51509bcba7";
 
 /// What is taken from that commit.
 const PATHS: &[&str] = &[
