@@ -509,9 +509,10 @@ fn run_operator(args: RunArgs) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let identity = identity();
-        let client =
+        let (client, config) =
             kube_client(args.kubeconfig.as_deref(), args.context.clone(), &identity).await?;
         let opts = OperatorOptions {
+            write_config: Some(config),
             registry: RegistryOptions {
                 dir: args.plugins,
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(50)),
@@ -587,7 +588,7 @@ async fn kube_client(
     kubeconfig: Option<&Path>,
     context: Option<String>,
     identity: &str,
-) -> Result<kube::Client> {
+) -> Result<(kube::Client, kube::Config)> {
     let options = kube::config::KubeConfigOptions {
         context,
         ..Default::default()
@@ -610,10 +611,10 @@ async fn kube_client(
             .parse()
             .with_context(|| format!("{user_agent:?} is not a valid user agent"))?,
     ));
-    let client = kube::Client::try_from(config)?;
+    let client = kube::Client::try_from(config.clone())?;
     let version = reach_api_server(&client).await?;
     tracing::info!(version = %version.git_version, "connected to the API server");
-    Ok(client)
+    Ok((client, config))
 }
 
 /// How long `capstan run` keeps trying to reach the API server at start.

@@ -30,7 +30,9 @@ use std::time::Duration;
 use kube::Client;
 
 pub use controller::ControllerOptions;
-pub use fenced_client::{FenceLayer, FenceShut, Fenced, fenced_client};
+pub use fenced_client::{
+    FenceLayer, FenceShut, Fenced, FencedStream, fenced_client, fenced_client_with_connections,
+};
 pub use finalizers::{FORCE_RELEASE_ANNOTATION, ForceRelease};
 pub use leader::{Deposed, LeaderElectionOptions, LeaseLock, WriteFence};
 pub use membership::ShardOptions;
@@ -58,6 +60,11 @@ pub struct OperatorOptions {
     /// The admission and conversion webhook for plugins that validate or convert; none:
     /// such plugins are refused.
     pub webhooks: Option<WebhookOptions>,
+    /// With leader election or `--shards`: the configuration writes open connections
+    /// of their own with, each write to their sockets checked against the fence
+    /// ([`fenced_client_with_connections`]). None: writes share the client's
+    /// connections and are checked once, before they queue for one.
+    pub write_config: Option<kube::Config>,
 }
 
 /// Why the operator stopped, or could not start.
@@ -86,6 +93,9 @@ pub enum Error {
     /// `--shards` could not check that the API server shards lists.
     #[error("cannot list Leases to check that the API server shards lists")]
     ShardProbe(#[source] kube::Error),
+    /// The writes' own client could not be made from the configuration.
+    #[error("cannot make the writes' client")]
+    WriteClient(#[source] kube::Error),
     /// `--shards` against an API server that ignores `shardSelector`.
     #[error(
         "--shards needs an API server with the ShardedListAndWatch feature gate (Kubernetes 1.36+, alpha): \
@@ -118,9 +128,13 @@ pub async fn run(
     let server = tokio::spawn(http::serve(listener, metrics.clone()));
     // The controllers write through a client that asks the fence again just before each
     // write leaves (fenced_client); the Leases are renewed through the plain one.
-    let writer = match opts.registry.controller.fence.can_shut() {
-        true => fenced_client(&client, opts.registry.controller.fence.clone()),
-        false => client.clone(),
+    let fence = opts.registry.controller.fence.clone();
+    let writer = match (fence.can_shut(), &opts.write_config) {
+        (true, Some(config)) => {
+            fenced_client_with_connections(&client, config, fence).map_err(Error::WriteClient)?
+        }
+        (true, None) => fenced_client(&client, fence),
+        (false, _) => client.clone(),
     };
     let webhooks = opts
         .webhooks
