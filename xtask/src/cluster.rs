@@ -205,6 +205,21 @@ pub fn up(opts: &UpOptions) -> Result<Cluster> {
     Ok(cluster)
 }
 
+/// Builds what [`up`] with a cluster in `state_dir` will need and is not Rust: the
+/// control plane's binaries, helm and, where `$CAPSTAN_NODE` and the machine give the
+/// cluster a real node, the node's binaries and iptables. Returns whether it will have
+/// a real node. `cargo xtask test` runs it beside the Rust builds.
+pub fn prebuild(state_dir: &Path) -> Result<bool> {
+    ensure_binaries()?;
+    ensure_helm()?;
+    let real = NodeChoice::from_env()?.resolve(&StateDir::new(state_dir))?;
+    if real {
+        binaries::ensure_debian_package("/usr/sbin/iptables", "iptables")?;
+        binaries::ensure_node_binaries()?;
+    }
+    Ok(real)
+}
+
 fn start(bin: &Path, state: &StateDir, opts: &UpOptions, plan: Option<&NodePlan>) -> Result<()> {
     let ports = Ports::pick()?;
     state.write_ports(&ports)?;

@@ -97,6 +97,17 @@ pub fn build_and_import(state_dir: &Path, capstan: Option<capstan::Host>) -> Res
     Ok(())
 }
 
+/// Builds (or finds in the cache) the postgres images, without importing them: what
+/// `cargo xtask test` does beside the Rust builds, before [`build_and_import`] imports
+/// them from the cache.
+pub fn prebuild_postgres() -> Result<()> {
+    let started = Instant::now();
+    for image in postgres::build_all()? {
+        report(&image, started);
+    }
+    Ok(())
+}
+
 fn report(built: &Built, started: Instant) {
     let size = std::fs::metadata(&built.path).map_or(0, |m| m.len());
     println!(

@@ -196,13 +196,32 @@ pub fn build_release() -> Result<PathBuf> {
 /// `cargo xtask test`: builds what the tests need, starts a local control plane, runs
 /// every test with it, and stops it again, also when tests fail.
 fn test(args: &[String]) -> Result<()> {
-    let built = build_plugins()?;
-    python::unit_tests()?;
-    js::test()?;
-    let component_plugin = tools::build_with_cargo_component()?;
-    build_host()?;
-    let helm = cluster::ensure_helm()?;
     let options = cluster::UpOptions::for_tests();
+    // What is not Rust (the Go builds of the control plane, the node and helm, and the
+    // postgres images: downloads from the module proxy, Debian and PyPI, then `go
+    // build`) goes on a thread beside the Rust builds, and is joined before the cluster
+    // starts, also when a Rust step fails (no `go build` outlives the command).
+    let state_dir = options.state_dir.clone();
+    let beside = std::thread::spawn(move || -> Result<()> {
+        if cluster::prebuild(&state_dir)? {
+            image::prebuild_postgres()?;
+        }
+        Ok(())
+    });
+    let rust = (|| -> Result<_> {
+        let built = build_plugins()?;
+        python::unit_tests()?;
+        js::test()?;
+        let component_plugin = tools::build_with_cargo_component()?;
+        build_host()?;
+        Ok((built, component_plugin))
+    })();
+    let beside = beside
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the thread of the Go builds panicked")));
+    let (built, component_plugin) = rust?;
+    beside.context("build the cluster's binaries and images")?;
+    let helm = cluster::ensure_helm()?;
     // `down` must leave the machine as `up` found it (no mount, cgroup, veth, process,
     // iptables rule or sysctl of the real node): checked after every test run.
     let host_before = cluster::HostSnapshot::take(&options.state_dir)?;
