@@ -44,8 +44,14 @@ pub fn cargo_component() -> Result<PathBuf> {
             "installing cargo-component {CARGO_COMPONENT_VERSION} into {} (once per machine, several minutes)",
             root_dir.display()
         );
+        // Without its release profile's fat LTO and single codegen unit (the config's
+        // profile overrides the package's): the tool builds a component in about a
+        // second either way, and its install was the longest single step of a cold CI
+        // run (10m28s on two cores).
         run_cmd(
             Command::new("cargo")
+                .env("CARGO_PROFILE_RELEASE_LTO", "false")
+                .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
                 .args([
                     "install",
                     "cargo-component",
