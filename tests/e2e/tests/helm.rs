@@ -153,7 +153,29 @@ fn another_release_gets_names_leases_and_plugin_limits_of_its_own() {
         let binding = get("ClusterRoleBinding", "", "other-capstan");
         assert_eq!(binding["subjects"][0]["namespace"], "team");
         assert_eq!(binding["roleRef"]["name"], "other-capstan");
-        get("ClusterRole", "", "other-capstan");
+        // It may read and patch the ValidatingWebhookConfiguration its host writes
+        // (--webhook-configuration=other-capstan), not the default release's.
+        let role = get("ClusterRole", "", "other-capstan");
+        let named: Vec<&Value> = role["rules"]
+            .as_sequence()
+            .expect("rules")
+            .iter()
+            .filter(|r| {
+                r["resources"]
+                    .as_sequence()
+                    .is_some_and(|v| v.iter().any(|x| x == "validatingwebhookconfigurations"))
+                    && !r["resourceNames"].is_null()
+            })
+            .collect();
+        assert_eq!(named.len(), 1, "{:?}", role["rules"]);
+        assert_eq!(
+            named[0]["resourceNames"],
+            serde_yaml_ng::from_str::<Value>("[other-capstan]").unwrap()
+        );
+        assert!(
+            args.contains(&"--webhook-configuration=other-capstan"),
+            "{args:?}"
+        );
         get("Service", "team", "other-capstan-metrics");
         assert_eq!(
             objects.contains_key(&key("Role", "team", "other-capstan-shards")),
