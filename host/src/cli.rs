@@ -219,6 +219,12 @@ struct WebhookArgs {
     /// that every replica serves the same (default: in memory, made anew at each start).
     #[arg(long, env = "CAPSTAN_WEBHOOK_SECRET")]
     webhook_secret: Option<String>,
+    /// The ClusterRole that owns the ValidatingWebhookConfiguration, so that deleting
+    /// it (uninstalling) deletes the configuration too; needs `get` on it, which
+    /// `capstan rbac` grants on the ClusterRole it makes (default: no owner, the
+    /// configuration outlives the host).
+    #[arg(long, env = "CAPSTAN_WEBHOOK_OWNER_CLUSTERROLE")]
+    webhook_owner_clusterrole: Option<String>,
 }
 
 impl WebhookArgs {
@@ -240,6 +246,7 @@ impl WebhookArgs {
             .as_ref()
             .map(|name| (own_namespace(), name.clone()));
         opts.namespace = namespace.map(String::from);
+        opts.owner = self.webhook_owner_clusterrole.clone();
         Ok(opts)
     }
 }
@@ -717,6 +724,7 @@ mod tests {
             webhook_service: None,
             webhook_configuration: "capstan".into(),
             webhook_secret: None,
+            webhook_owner_clusterrole: None,
         };
         let err = args("0.0.0.0:9443", None)
             .options(None)

@@ -81,7 +81,7 @@ pub fn cluster_role(
             json!({"apiGroups": [group], "resources": resources, "verbs": verbs})
         })
         .collect();
-    rules.extend(webhook_rules(plugins, webhook_configuration));
+    rules.extend(webhook_rules(name, plugins, webhook_configuration));
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
@@ -92,9 +92,11 @@ pub fn cluster_role(
 
 /// What the admission and conversion webhook writes: its ValidatingWebhookConfiguration
 /// (server-side apply: `create` when it is absent, which RBAC cannot restrict to a
-/// name; `patch`), and the converting plugins' CRDs (`patch`, by name). Nothing when no
-/// plugin validates or converts.
-fn webhook_rules(plugins: &[PluginInfo], configuration: &str) -> Vec<Value> {
+/// name; `patch`), and the converting plugins' CRDs (`patch`, by name). To make the
+/// ClusterRole `role` (this one) the configuration's owner, so that uninstalling
+/// deletes it too (`capstan run --webhook-owner-clusterrole`), `get` on that ClusterRole
+/// alone. Nothing when no plugin validates or converts.
+fn webhook_rules(role: &str, plugins: &[PluginInfo], configuration: &str) -> Vec<Value> {
     let mut rules = Vec::new();
     if plugins.iter().any(|p| p.validation.is_some()) {
         rules.push(json!({"apiGroups": ["admissionregistration.k8s.io"],
@@ -102,6 +104,8 @@ fn webhook_rules(plugins: &[PluginInfo], configuration: &str) -> Vec<Value> {
         rules.push(json!({"apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["validatingwebhookconfigurations"], "resourceNames": [configuration],
             "verbs": ["get", "patch"]}));
+        rules.push(json!({"apiGroups": ["rbac.authorization.k8s.io"],
+            "resources": ["clusterroles"], "resourceNames": [role], "verbs": ["get"]}));
     }
     let mut crds: Vec<String> = plugins
         .iter()
@@ -249,6 +253,14 @@ mod tests {
             |r| r["resources"] == json!(["validatingwebhookconfigurations"])
                 && r["verbs"] == json!(["create"])
         ));
+        // Its own ClusterRole, to own the configuration with, read by name only.
+        let own = rules
+            .iter()
+            .find(|r| r["resources"] == json!(["clusterroles"]))
+            .expect("get on its own ClusterRole");
+        assert_eq!(own["resourceNames"], json!(["capstan"]));
+        assert_eq!(own["verbs"], json!(["get"]));
+        assert!(!none.to_string().contains("clusterroles"));
         let crd = rules
             .iter()
             .find(|r| r["resources"] == json!(["customresourcedefinitions"]))

@@ -67,6 +67,10 @@ pub struct WebhookOptions {
     /// How often certificates are checked for renewal (and a failed configuration
     /// applied again).
     pub check_every: Duration,
+    /// The ClusterRole that owns the ValidatingWebhookConfiguration, so that deleting
+    /// it (uninstalling deploy/ or the chart) has the garbage collector delete the
+    /// configuration too; none: the configuration outlives the host.
+    pub owner: Option<String>,
 }
 
 impl WebhookOptions {
@@ -80,6 +84,7 @@ impl WebhookOptions {
             namespace: None,
             lifetimes: Lifetimes::default(),
             check_every: Duration::from_secs(60),
+            owner: None,
         }
     }
 }
@@ -168,6 +173,8 @@ struct State {
     conversions: BTreeMap<String, Value>,
     /// The last attempt to tell the API server failed: the maintenance tries again.
     stale: bool,
+    /// The owner reference to [`WebhookOptions::owner`], once read.
+    owner: Option<Value>,
 }
 
 struct Server {
@@ -403,7 +410,21 @@ impl Webhooks {
         // No configuration is made while no plugin validates; one that was is kept
         // (emptied), so that its entries go away.
         if !webhooks.is_empty() || state.validating.is_some() {
-            let body = config::validating_configuration(&opts.configuration, webhooks);
+            if let (Some(name), None) = (&opts.owner, &state.owner) {
+                match config::owner_reference(&self.inner.client, name).await {
+                    Ok(owner) => state.owner = Some(owner),
+                    // Applied without an owner meanwhile (the webhook works; only the
+                    // clean-up on uninstall waits), and asked again by the maintenance.
+                    Err(err) => {
+                        warn!(clusterrole = %name, "cannot read the ClusterRole that owns the validating webhooks, applying them without an owner for now: {err}");
+                    }
+                }
+            }
+            let body = config::validating_configuration(
+                &opts.configuration,
+                webhooks,
+                state.owner.as_ref(),
+            );
             if state.validating.as_ref() != Some(&body) {
                 config::apply_validating(client, &body).await?;
                 info!(configuration = %opts.configuration, webhooks = body["webhooks"].as_array().map_or(0, Vec::len), "validating webhooks applied");
@@ -568,7 +589,11 @@ async fn maintain(inner: Weak<Inner>) {
             Ok(_) => {}
             Err(e) => warn!("cannot renew the webhook certificate: {e}"),
         }
-        if state.stale {
+        // An owner that could not be read yet is asked for again.
+        let unowned = webhooks.inner.opts.owner.is_some()
+            && state.owner.is_none()
+            && state.validating.is_some();
+        if state.stale || (unowned && webhooks.inner.announcing.load(Ordering::SeqCst)) {
             match webhooks.announce(&mut state).await {
                 Ok(()) => state.stale = false,
                 Err(e) => warn!("cannot tell the API server about the webhook: {e}"),

@@ -22,6 +22,7 @@ use capstan_e2e::operator::root;
 use capstan_e2e::{
     TestNamespace, client, client_with_token, is_forbidden, service_account_token, wait_for,
 };
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -57,8 +58,8 @@ impl Drop for Deployed {
             "app.kubernetes.io/part-of=capstan",
             "--ignore-not-found",
         ]);
-        // Written by the hosts, not by deploy/ (docs/deploy.md): left, it would refuse
-        // every later Database create with its policy Fail.
+        // Written by the hosts, not by deploy/: the garbage collector deletes it with
+        // the ClusterRole (checked by the test); here in case the test failed before.
         let _ = kubectl(&[
             "delete",
             "validatingwebhookconfiguration",
@@ -429,6 +430,38 @@ async fn the_host_runs_in_cluster_from_its_image_and_survives_a_rollout_restart(
         check_memory(&pod);
     }
     namespace.delete(T).await.unwrap();
+
+    // Uninstalling leaves no webhook behind: the ValidatingWebhookConfiguration the
+    // hosts wrote (the PostgreSQL plugin validates) is owned by the ClusterRole, and the
+    // garbage collector deletes it with it.
+    let webhooks = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    let written = webhooks.get("capstan").await.unwrap();
+    let owners = written.metadata.owner_references.unwrap_or_default();
+    assert!(
+        owners
+            .iter()
+            .any(|o| o.kind == "ClusterRole" && o.name == "capstan"),
+        "the configuration is not owned by the ClusterRole capstan: {owners:?}"
+    );
+    // deploy/base: the host without the CRDs, which the later tests use.
+    kubectl(&[
+        "delete",
+        "-k",
+        &root().join("deploy/base").to_string_lossy(),
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for(
+        "the ValidatingWebhookConfiguration deleted with its ClusterRole",
+        Duration::from_secs(60),
+        || async {
+            let left = webhooks.get_opt("capstan").await?;
+            Ok(left.is_none().then_some(()))
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Now, as the audit log's timestamps compare.

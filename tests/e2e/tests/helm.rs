@@ -176,6 +176,21 @@ fn another_release_gets_names_leases_and_plugin_limits_of_its_own() {
             args.contains(&"--webhook-configuration=other-capstan"),
             "{args:?}"
         );
+        // And reads only its own ClusterRole, which owns that configuration.
+        let owner = role["rules"]
+            .as_sequence()
+            .expect("rules")
+            .iter()
+            .find(|r| r["resources"][0] == "clusterroles")
+            .expect("get on its ClusterRole");
+        assert_eq!(
+            owner["resourceNames"],
+            serde_yaml_ng::from_str::<Value>("[other-capstan]").unwrap()
+        );
+        assert!(
+            args.contains(&"--webhook-owner-clusterrole=other-capstan"),
+            "{args:?}"
+        );
         get("Service", "team", "other-capstan-metrics");
         assert_eq!(
             objects.contains_key(&key("Role", "team", "other-capstan-shards")),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
@@ -196,14 +197,33 @@ pub fn validating_webhook(
 }
 
 /// The host's ValidatingWebhookConfiguration named `name` with `webhooks` (as applied:
-/// the entries it no longer lists are removed).
-pub fn validating_configuration(name: &str, webhooks: Vec<Value>) -> Value {
-    json!({
+/// the entries it no longer lists are removed), owned by `owner` (an owner reference,
+/// from [`owner_reference`]) when there is one.
+pub fn validating_configuration(name: &str, webhooks: Vec<Value>, owner: Option<&Value>) -> Value {
+    let mut body = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "capstan"}},
         "webhooks": webhooks,
-    })
+    });
+    if let Some(owner) = owner {
+        body["metadata"]["ownerReferences"] = json!([owner]);
+    }
+    body
+}
+
+/// The owner reference to the ClusterRole `name`, which must exist: the garbage
+/// collector deletes the configuration once that ClusterRole is gone. Neither
+/// `controller` nor `blockOwnerDeletion` (which would need rights on the ClusterRole's
+/// finalizers): the configuration only goes with it.
+pub async fn owner_reference(client: &Client, name: &str) -> Result<Value, kube::Error> {
+    let role = Api::<ClusterRole>::all(client.clone()).get(name).await?;
+    Ok(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "name": name,
+        "uid": role.metadata.uid.unwrap_or_default(),
+    }))
 }
 
 /// The part of a converting plugin's CRD the webhook applies: `spec.conversion`.

@@ -439,6 +439,69 @@ async fn the_api_server_is_told_about_each_plugin_and_about_each_that_goes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_is_owned_by_the_named_clusterrole_once_it_can_be_read() {
+    let (_sandbox, plugin) = load("ticket");
+    // The ClusterRole is readable only after the first apply (RBAC not there yet, say).
+    let readable = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let can_read = readable.clone();
+    let (client, calls) = fake_api::client(move |call| match call.method {
+        http::Method::GET
+            if call.path == "/apis/rbac.authorization.k8s.io/v1/clusterroles/capstan"
+                && can_read.load(std::sync::atomic::Ordering::SeqCst) =>
+        {
+            (
+                200,
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                       "metadata": {"name": "capstan", "uid": "uid-of-the-role"}, "rules": []}),
+            )
+        }
+        http::Method::GET => fake_api::status(403, "Forbidden", "not yet"),
+        _ => (200, call.body.clone()),
+    });
+    let mut opts = WebhookOptions::new(
+        "127.0.0.1:0".parse().unwrap(),
+        Reach::Url("https://127.0.0.1:1".into()),
+    );
+    opts.owner = Some("capstan".into());
+    opts.check_every = Duration::from_millis(100);
+    let webhooks = Webhooks::new(client.clone(), client, opts);
+    webhooks
+        .update(Path::new("/plugins/ticket.wasm"), Some(&plugin))
+        .await
+        .expect("applied without an owner while the ClusterRole cannot be read");
+    let configurations = || -> Vec<Value> {
+        calls
+            .all()
+            .into_iter()
+            .filter(|c| {
+                c.method == http::Method::PATCH
+                    && c.path.ends_with("/validatingwebhookconfigurations/capstan")
+            })
+            .map(|c| c.body)
+            .collect()
+    };
+    assert_eq!(configurations().len(), 1, "{:?}", calls.summary());
+    assert!(configurations()[0]["metadata"]["ownerReferences"].is_null());
+
+    readable.store(true, std::sync::atomic::Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while configurations().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the maintenance did not apply the owner: {:?}",
+            calls.summary()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        configurations()[1]["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "name": "capstan", "uid": "uid-of-the-role"}])
+    );
+    webhooks.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_is_not_recorded_when_the_api_server_cannot_be_told() {
     let (_sandbox, plugin) = load("ticket");
     let (client, _) = fake_api::client(|_| fake_api::status(403, "Forbidden", "no rights"));
