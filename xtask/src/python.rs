@@ -22,32 +22,40 @@ const TESTED: &[&str] = &["plugins/sdk-python", "plugins/database"];
 /// The Python SDK, on the import path of every Python plugin.
 const SDK: &str = "plugins/sdk-python";
 
-/// The virtual environment holding componentize-py, made once per machine: built in a
-/// temporary directory and renamed into place, so that an interrupted install leaves
-/// nothing that looks finished. Returns its Python interpreter.
+/// The virtual environment holding componentize-py, made once per machine, in place
+/// (a venv's scripts name its path in their shebangs, so one built elsewhere and moved
+/// has a `bin/componentize-py` that cannot start) and marked complete last, under a
+/// lock, so that an interrupted install is redone and two builds never install at once.
+/// Returns its Python interpreter.
 fn venv_python() -> Result<PathBuf> {
     let tools = crate::cluster::cache_dir()?.join("tools");
     let dir = tools.join(format!("componentize-py-{COMPONENTIZE_PY_VERSION}"));
     let python = dir.join("bin/python");
-    if python.exists() {
+    let complete = dir.join(".complete");
+    if complete.exists() {
+        return Ok(python);
+    }
+    std::fs::create_dir_all(&tools)?;
+    let lock = std::fs::File::create(
+        tools.join(format!(".componentize-py-{COMPONENTIZE_PY_VERSION}.lock")),
+    )?;
+    lock.lock()
+        .with_context(|| format!("lock the install of componentize-py in {}", tools.display()))?;
+    // Another build may have finished it while this one waited for the lock.
+    if complete.exists() {
         return Ok(python);
     }
     eprintln!(
         "installing componentize-py {COMPONENTIZE_PY_VERSION} into {} (once per machine)",
         dir.display()
     );
-    std::fs::create_dir_all(&tools)?;
-    let tmp = tools.join(format!(
-        ".componentize-py-{COMPONENTIZE_PY_VERSION}.{}",
-        std::process::id()
-    ));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
     }
     let installed = (|| {
-        run_cmd(Command::new(host_python()?).args(["-m", "venv"]).arg(&tmp))?;
+        run_cmd(Command::new(host_python()?).args(["-m", "venv"]).arg(&dir))?;
         run_cmd(
-            Command::new(tmp.join("bin/python"))
+            Command::new(&python)
                 .args([
                     "-m",
                     "pip",
@@ -56,19 +64,13 @@ fn venv_python() -> Result<PathBuf> {
                     "--disable-pip-version-check",
                 ])
                 .arg(format!("componentize-py=={COMPONENTIZE_PY_VERSION}")),
-        )
+        )?;
+        std::fs::write(&complete, "")?;
+        Ok(())
     })();
     if let Err(e) = installed {
-        let _ = std::fs::remove_dir_all(&tmp);
+        let _ = std::fs::remove_dir_all(&dir);
         return Err(e);
-    }
-    // The venv is used through `bin/python` only (its scripts' shebangs name the
-    // temporary path): the interpreter finds the venv from its pyvenv.cfg wherever it is.
-    match std::fs::rename(&tmp, &dir) {
-        Ok(()) => {}
-        // Another build finished first: use its copy.
-        Err(_) if python.exists() => std::fs::remove_dir_all(&tmp)?,
-        Err(e) => return Err(e).with_context(|| format!("rename into {}", dir.display())),
     }
     Ok(python)
 }
@@ -90,14 +92,10 @@ fn host_python() -> Result<PathBuf> {
     bail!("Python plugins need Python 3.9 or later with the venv module (python3 on PATH)")
 }
 
-/// componentize-py, run through the venv's interpreter.
+/// componentize-py, the venv's own script: what docs/plugins.md tells authors to run.
 fn componentize_py() -> Result<Command> {
-    let mut cmd = Command::new(venv_python()?);
-    cmd.args([
-        "-c",
-        "import sys; from componentize_py import script; sys.argv[0] = 'componentize-py'; sys.exit(script())",
-    ]);
-    Ok(cmd)
+    let python = venv_python()?;
+    Ok(Command::new(python.with_file_name("componentize-py")))
 }
 
 /// Builds every Python plugin into `out` (target/plugins), each through a temporary
