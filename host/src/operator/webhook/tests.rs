@@ -455,8 +455,10 @@ async fn the_configuration_is_owned_by_the_named_clusterrole_once_it_can_be_read
                        "metadata": {"name": "capstan", "uid": "uid-of-the-role"}, "rules": []}),
             )
         }
-        http::Method::GET => fake_api::status(403, "Forbidden", "not yet"),
-        _ => (200, call.body.clone()),
+        http::Method::GET if call.path.contains("/clusterroles/") => {
+            fake_api::status(403, "Forbidden", "not yet")
+        }
+        _ => echo_writes(call),
     });
     let mut opts = WebhookOptions::new(
         "127.0.0.1:0".parse().unwrap(),
