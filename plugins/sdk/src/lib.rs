@@ -60,8 +60,8 @@
 //! capstan_sdk::export_plugin!(Greeter);
 //!
 //! # fn main() {
-//! #     use capstan_sdk::testing::observe;
-//! #     let ctx = observe(
+//! #     use capstan_sdk::testing::observe_for;
+//! #     let ctx = observe_for::<Greeter>(
 //! #         serde_json::json!({"apiVersion": "example.com/v1", "kind": "Greeting",
 //! #             "metadata": {"name": "hi", "namespace": "default"},
 //! #             "spec": {"message": "hello"}}),

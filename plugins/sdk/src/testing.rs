@@ -44,6 +44,10 @@ pub fn observe_related_for<P: Plugin>(
 }
 
 /// A [`Context`] with no declared child kinds, for plugins that only set status.
+///
+/// `children` are dropped: without a plugin's declaration no child kind is known. To
+/// test a plugin that sees its children, use [`observe_for`] (or
+/// [`observe_related_for`]) with the plugin's type.
 pub fn observe(parent: Value, children: Vec<Value>) -> Context {
     let _ = children;
     let info = crate::PluginInfo::new(
