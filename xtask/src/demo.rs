@@ -168,8 +168,11 @@ fn demo(
 
 /// One real query on the sample PostgreSQLCluster's primary, once both standbys stream.
 fn show_query(kubectl: &Kubectl, capstan: &mut Capstan) -> Result<()> {
-    const SQL: &str = "select 'PostgreSQL ' || current_setting('server_version') \
-        || ' on ' || host(inet_server_addr()) || ', standbys streaming: ' \
+    // Over the local socket `inet_server_addr()` is NULL (and so was the whole line
+    // once): the role comes from pg_is_in_recovery() instead.
+    const SQL: &str = "select 'PostgreSQL ' || current_setting('server_version') || ', ' \
+        || case when pg_is_in_recovery() then 'a standby' else 'the primary' end \
+        || ', standbys streaming: ' \
         || (select count(*) from pg_stat_replication where state = 'streaming')";
     let query = [
         "exec", "demo-0", "-c", "postgres", "--", "psql", "-X", "-At", "-U", "postgres", "-c", SQL,
@@ -180,10 +183,15 @@ fn show_query(kubectl: &Kubectl, capstan: &mut Capstan) -> Result<()> {
         Duration::from_secs(120),
         capstan,
         || {
-            answer = kubectl.run(&query)?.trim().to_owned();
+            // The last answer, or why there was none, for the timeout's message.
+            answer = match kubectl.run(&query) {
+                Ok(out) => out.trim().to_owned(),
+                Err(err) => format!("{err:#}"),
+            };
             Ok(answer.ends_with("streaming: 2"))
         },
-    )?;
+    )
+    .with_context(|| format!("the last answer of demo-0: {answer}"))?;
     println!("$ kubectl exec demo-0 -c postgres -- psql -U postgres -c \"{SQL}\"\n{answer}\n");
     Ok(())
 }
