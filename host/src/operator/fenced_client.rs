@@ -138,25 +138,7 @@ pub fn fenced_client_with_connections(
     config: &kube::Config,
     fence: WriteFence,
 ) -> Result<Client, kube::Error> {
-    let mut tcp = HttpConnector::new();
-    tcp.enforce_http(false);
-    tcp.set_connect_timeout(config.connect_timeout);
-    let connector = config.rustls_https_connector_with_connector(FencedConnector {
-        inner: tcp,
-        fence: fence.clone(),
-    })?;
-    let hyper: hyper_util::client::legacy::Client<_, Body> =
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
-    let writes = ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.default_retry.then(|| {
-            tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry())
-        }))
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
-        .map_err(tower::BoxError::from)
-        .service(hyper);
-    let writes = Client::new(writes, config.default_namespace.clone());
+    let writes = write_client(config, fence.clone())?;
     let reads = client.clone();
     let deadline = config.read_timeout.unwrap_or(Duration::from_secs(295));
     let send = tower::service_fn(move |request: Request<Body>| {
@@ -175,6 +157,30 @@ pub fn fenced_client_with_connections(
     });
     let service = FenceLayer::new(fence).layer(send);
     Ok(Client::new(service, client.default_namespace().to_string()))
+}
+
+/// A client made from `config` whose connections are [`FencedStream`]s: every write to
+/// their sockets asks `fence` (the second check of the module's doc).
+fn write_client(config: &kube::Config, fence: WriteFence) -> Result<Client, kube::Error> {
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_connect_timeout(config.connect_timeout);
+    let connector = config.rustls_https_connector_with_connector(FencedConnector {
+        inner: tcp,
+        fence: fence.clone(),
+    })?;
+    let hyper: hyper_util::client::legacy::Client<_, Body> =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+    let writes = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.default_retry.then(|| {
+            tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry())
+        }))
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(hyper);
+    Ok(Client::new(writes, config.default_namespace.clone()))
 }
 
 /// A connector whose connections are [`FencedStream`]s.
@@ -512,6 +518,29 @@ mod tests {
                 "DELETE /api/v1/namespaces/ns/configmaps/c"
             ]
         );
+
+        // The writes' own connections refuse at the socket, without the outer check: what
+        // stops a write that passed it and froze before it was sent.
+        fence.shut();
+        let writes: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(write_client(&config, fence.clone()).unwrap(), "ns");
+        let err = writes
+            .delete("c", &Default::default())
+            .await
+            .expect_err("the socket refuses while the fence is shut");
+        let mut chain = Vec::new();
+        let mut cause: Option<&dyn std::error::Error> = Some(&err);
+        while let Some(e) = cause {
+            chain.push(e.to_string());
+            cause = e.source();
+        }
+        assert!(
+            chain
+                .iter()
+                .any(|m| m.contains("no longer holds its lease")),
+            "{chain:?}"
+        );
+        assert_eq!(seen.lock().unwrap().len(), 2, "nothing reached the server");
     }
 
     #[tokio::test]
