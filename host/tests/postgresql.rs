@@ -12,7 +12,7 @@ mod common;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use capstan::contract::{Observed, ObservedChild};
+use capstan::contract::{Observed, ObservedChild, RelatedObject};
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig};
 use capstan::render;
 use common::{
@@ -58,8 +58,27 @@ fn spec(replicas: u32, version: &str, storage: &str, schedule: Option<&str>) -> 
     spec
 }
 
-/// What the host would pass the plugin: `parent` and `children` matched to its kinds.
+/// What the host would pass the plugin: `parent` and `children` matched to its kinds,
+/// and the instance Pods the observed StatefulSet's status implies (its first
+/// `readyReplicas` instances, ready).
 fn observed(plugin: &Plugin, parent: Value, children: &[Value]) -> Observed {
+    let ready = children
+        .iter()
+        .find(|c| c["kind"] == "StatefulSet")
+        .and_then(|s| s["status"]["readyReplicas"].as_u64())
+        .unwrap_or(0);
+    let related = (0..ready)
+        .map(|o| RelatedObject {
+            kind_index: 0,
+            object: json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("pg-{o}"), "namespace": "prod", "uid": format!("uid-pg-{o}"),
+                             "labels": {"app.kubernetes.io/name": "postgresql", "app.kubernetes.io/instance": "pg"}},
+                "status": {"podIP": format!("10.1.0.{}", o + 10),
+                           "conditions": [{"type": "Ready", "status": "True"}]},
+            }),
+        })
+        .collect();
     let children = children
         .iter()
         .map(|c| {
@@ -82,7 +101,7 @@ fn observed(plugin: &Plugin, parent: Value, children: &[Value]) -> Observed {
     Observed {
         parent,
         children,
-        related: Vec::new(),
+        related,
     }
 }
 
@@ -104,6 +123,7 @@ fn as_observed(rendered: &Value, ready: u32) -> Vec<Value> {
         .map(|mut c| {
             c["metadata"]["uid"] =
                 json!(format!("uid-{}", c["metadata"]["name"].as_str().unwrap()));
+            c["metadata"]["resourceVersion"] = json!("7");
             if c["kind"] == "StatefulSet" {
                 let replicas = c["spec"]["replicas"].clone();
                 c["metadata"]["generation"] = json!(1);
@@ -133,7 +153,7 @@ fn masked(rendered: &Value) -> String {
                     c["data"][key] = json!(format!("<{key}>"));
                 }
             }
-            "ConfigMap" => {
+            "ConfigMap" if c["metadata"]["name"] == "pg-scripts" => {
                 for (file, text) in c["data"].as_object_mut().unwrap() {
                     let shipped = std::fs::read_to_string(
                         root().join("plugins/postgresql/scripts").join(file),
@@ -264,8 +284,11 @@ fn the_password_is_random_kept_and_never_shown() {
 
     // Observed Secret: the same password, whatever else is observed, however often.
     let observed = as_observed(&first, 3);
-    let secret_only = [observed[0].clone()];
-    assert_eq!(secret_only[0]["kind"], "Secret");
+    let secret_only = [observed
+        .iter()
+        .find(|c| c["kind"] == "Secret")
+        .unwrap()
+        .clone()];
     for children in [&observed[..], &secret_only[..]] {
         for _ in 0..3 {
             let again = render(&plugin, p(), children);
@@ -302,9 +325,43 @@ fn a_running_cluster_matches_the_golden_file_and_is_stable() {
     assert_eq!(running["status"]["phase"], "Running");
     assert_eq!(running["status"]["readyReplicas"], 3);
     assert_eq!(running["status"]["primaryEndpoint"], "pg-rw.prod.svc:5432");
+    let unrouted = |rendered: &Value| -> Vec<Value> {
+        rendered["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["kind"] != "EndpointSlice")
+            .map(|c| {
+                // The topology is written at the version it was observed at.
+                let mut c = c.clone();
+                c["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("resourceVersion");
+                c
+            })
+            .collect()
+    };
     assert_eq!(
-        running["children"], first["children"],
-        "nothing changes once created"
+        unrouted(&running),
+        unrouted(&first),
+        "nothing but the routes changes once created"
+    );
+    let endpoints = |name: &str| -> Vec<Value> {
+        child(&running, "EndpointSlice", name)["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["targetRef"]["name"].clone())
+            .collect()
+    };
+    assert_eq!(endpoints("pg-rw"), [json!("pg-0")]);
+    assert_eq!(endpoints("pg-ro"), [json!("pg-1"), json!("pg-2")]);
+    assert_eq!(running["status"]["currentPrimary"], "pg-0");
+    assert_eq!(
+        child(&running, "ConfigMap", "pg-topology")["metadata"]["resourceVersion"],
+        "7",
+        "a compare-and-swap on the version observed"
     );
     assert_golden("postgresql-running", &masked(&running));
 
@@ -385,7 +442,7 @@ fn refused_changes_match_the_golden_files_and_change_nothing() {
             &observed,
         );
         assert_eq!(
-            out["children"], first["children"],
+            out["children"], running["children"],
             "{name}: the children must stay as they were"
         );
         assert_eq!(out["status"]["phase"], "Failed", "{name}");
@@ -433,7 +490,7 @@ fn the_shipped_crd_is_what_the_plugin_describes() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(columns, ["Phase", "Ready", "Endpoint", "Age"]);
+    assert_eq!(columns, ["Phase", "Primary", "Ready", "Endpoint", "Age"]);
     let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(spec["required"], json!(["replicas", "version"]));
     assert_eq!(spec["properties"]["replicas"]["maximum"], 7);
@@ -498,7 +555,10 @@ fn teardown_goes_in_waves_through_the_host() {
                 "CronJob/pg-dump",
                 "Service/pg",
                 "Service/pg-r",
-                "Service/pg-rw"
+                "Service/pg-ro",
+                "Service/pg-rw",
+                "EndpointSlice/pg-ro",
+                "EndpointSlice/pg-rw"
             ],
             vec!["StatefulSet/pg"],
             vec!["Secret/pg-credentials"],

@@ -81,15 +81,19 @@ impl Cluster {
         format!("{}-dumps", self.name)
     }
 
-    /// The primary's pod: ordinal 0 of the StatefulSet.
-    pub fn primary_pod(&self) -> String {
-        format!("{}-0", self.name)
+    /// The read-only Service: the standbys.
+    pub fn read_only(&self) -> String {
+        format!("{}-ro", self.name)
     }
 
-    /// The primary's address inside the cluster, through the headless Service; standbys
-    /// copy and stream from it.
-    pub fn primary_pod_host(&self) -> String {
-        format!("{}-0.{}", self.name, self.name)
+    /// The ConfigMap the instances' agents follow: which one is the primary.
+    pub fn topology(&self) -> String {
+        format!("{}-topology", self.name)
+    }
+
+    /// The first primary: ordinal 0 of the StatefulSet.
+    pub fn first_primary(&self) -> String {
+        format!("{}-0", self.name)
     }
 
     /// The read-write Service's host name, valid from any namespace.
@@ -130,7 +134,9 @@ mod tests {
         let c = Cluster::new("pg", "prod").unwrap();
         assert_eq!(c.credentials(), "pg-credentials");
         assert_eq!(c.primary_endpoint(), "pg-rw.prod.svc:5432");
-        assert_eq!(c.primary_pod_host(), "pg-0.pg");
+        assert_eq!(c.first_primary(), "pg-0");
+        assert_eq!(c.topology(), "pg-topology");
+        assert_eq!(c.read_only(), "pg-ro");
         assert_eq!(c.dump_job(), "pg-dump");
     }
 

@@ -2,10 +2,13 @@
 //! (`db.example.com`, short name `pgc`) into a primary and streaming standbys.
 //!
 //! Each cluster gets a credentials Secret (passwords generated once), a ConfigMap with
-//! the instances' scripts, a headless Service, a read-write Service (the primary, pod 0)
-//! and a read Service (every ready instance), a StatefulSet, a PodDisruptionBudget with
-//! more than one instance, and with `backupSchedule` a CronJob writing logical dumps to
-//! the claim `<name>-dumps`. There is no automatic failover. See docs/postgresql.md.
+//! the instances' scripts, a topology ConfigMap naming the primary ([`topology`]), a
+//! headless Service, a read-write Service (the primary) and a read-only one (the
+//! standbys) whose EndpointSlices the plugin writes, a read Service (every ready
+//! instance), a StatefulSet, a PodDisruptionBudget with more than one instance, and with
+//! `backupSchedule` a CronJob writing logical dumps to the claim `<name>-dumps`. It
+//! watches the instance Pods (related objects) and fails over when the primary stays
+//! not ready. See docs/postgresql.md.
 //!
 //! Two versions: seed 004's `v1alpha1` and `v1` (CloudNativePG's `instances` and
 //! `storage.size`); [`convert`] converts between them losslessly and reconcile reads
@@ -32,14 +35,17 @@ pub mod quantity;
 pub mod spec;
 pub mod status;
 pub mod teardown;
+pub mod topology;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use capstan_sdk::prelude::*;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::CronJob;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
 use crate::cluster::Cluster;
@@ -49,6 +55,7 @@ use crate::manifests::Children;
 use crate::observed::Running;
 use crate::spec::{ClusterSpec, Config, Refusal};
 use crate::status::{Assessment, ClusterStatus, Phase};
+use crate::topology::{Change, Decision, Instance, Instances, Published, Recorded};
 
 /// The CRD of `PostgreSQLCluster`, from `crds/postgresqlcluster.yaml`.
 pub const CRD_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/crd.json"));
@@ -93,10 +100,17 @@ impl Plugin for PostgresPlugin {
         .child(KindRef::of::<PodDisruptionBudget>())
         .child(KindRef::of::<CronJob>())
         .child(KindRef::of::<PersistentVolumeClaim>())
+        .child(KindRef::of::<EndpointSlice>())
+        .related(KindRef::of::<Pod>())
         .crd_json(CRD_JSON)
         .with_finalizer()
         .validates(FailurePolicy::Fail)
         .converts()
+    }
+
+    fn customize(ctx: &Context) -> Result<Vec<Related>, Error> {
+        let cluster = Cluster::new(ctx.name(), ctx.namespace())?;
+        Ok(vec![Related::labelled::<Pod>(cluster.instance_labels())])
     }
 
     fn reconcile(ctx: &Context) -> Result<Desired, Error> {
@@ -105,7 +119,15 @@ impl Plugin for PostgresPlugin {
         let (spec, fields) = ClusterSpec::of(ctx.parent())?;
         let wanted = Config::from_spec(&spec, fields)?;
         let running = Running::observe(ctx, &cluster)?;
-        match spec::check(&wanted, running.config.as_ref(), fields) {
+        let checked = spec::check(&wanted, running.config.as_ref(), fields);
+        // The instances the topology spans: what the spec asks, or what runs while a
+        // refused spec is kept from it.
+        let instances = match (&running.config, &checked) {
+            (Some(running), Err(_)) => running.replicas,
+            _ => wanted.replicas,
+        };
+        let topology = Topology::observe(ctx, &cluster, &spec, instances)?;
+        match checked {
             Ok(()) => {
                 // The size is the same (checked), but keep the spelling it was created
                 // with: the claim template stays byte-for-byte as it is.
@@ -116,9 +138,9 @@ impl Plugin for PostgresPlugin {
                     },
                     None => wanted,
                 };
-                apply(ctx, &cluster, &wanted, &running)
+                apply(ctx, &cluster, &wanted, &running, &topology)
             }
-            Err(refusal) => refuse(ctx, &cluster, refusal, &running),
+            Err(refusal) => refuse(ctx, &cluster, refusal, &running, &topology),
         }
     }
 
@@ -141,6 +163,7 @@ fn apply(
     cluster: &Cluster,
     wanted: &Config,
     running: &Running,
+    topology: &Topology,
 ) -> Result<Desired, Error> {
     let mut desired = Desired::new();
     let credentials = credentials_for(ctx, cluster, &mut desired)?;
@@ -149,8 +172,11 @@ fn apply(
         wanted,
         credentials.secret(cluster),
         running.dumps_storage.as_deref(),
+        &topology.decision,
+        &topology.instances,
     )
     .add_to(&mut desired)?;
+    topology.announce(&mut desired);
 
     if let Some(before) = &running.config {
         if before.version != wanted.version {
@@ -172,14 +198,19 @@ fn apply(
             ));
         }
     }
-    let assessment = status::assess(
+    let assessment = topology.assess(status::assess(
         running.statefulset.as_ref(),
         wanted,
         running.config.as_ref(),
-    );
-    report(ctx, cluster, &assessment, &mut desired)?;
-    if assessment.phase != Phase::Running {
-        desired.requeue_after(REQUEUE_WHILE_CONVERGING);
+    ));
+    report(ctx, cluster, &assessment, topology, &mut desired)?;
+    let converging = (assessment.phase != Phase::Running).then_some(REQUEUE_WHILE_CONVERGING);
+    if let Some(after) = [converging, topology.decision.requeue]
+        .into_iter()
+        .flatten()
+        .min()
+    {
+        desired.requeue_after(after);
     }
     Ok(desired)
 }
@@ -190,18 +221,23 @@ fn refuse(
     cluster: &Cluster,
     refusal: Refusal,
     running: &Running,
+    topology: &Topology,
 ) -> Result<Desired, Error> {
     let mut desired = Desired::new();
     match &running.config {
         Some(config) => {
+            // What runs goes on running, failovers included.
             let credentials = credentials_for(ctx, cluster, &mut desired)?;
             Children::build(
                 cluster,
                 config,
                 credentials.secret(cluster),
                 running.dumps_storage.as_deref(),
+                &topology.decision,
+                &topology.instances,
             )
             .add_to(&mut desired)?;
+            topology.announce(&mut desired);
         }
         None => {
             // Nothing runs yet, so nothing is created; what holds data stays.
@@ -219,8 +255,185 @@ fn refuse(
         reason: refusal.reason,
         message: format!("{}; nothing was changed", refusal.message),
     };
-    report(ctx, cluster, &assessment, &mut desired)?;
+    report(ctx, cluster, &assessment, topology, &mut desired)?;
+    if let Some(after) = topology.decision.requeue {
+        desired.requeue_after(after);
+    }
     Ok(desired)
+}
+
+/// The topology decided for this reconcile, and the instance Pods it was decided from.
+pub struct Topology {
+    /// What to publish.
+    pub decision: Decision,
+    /// The instance Pods, by name.
+    pub instances: Instances,
+}
+
+impl Topology {
+    /// Decides from the observed topology ConfigMap, the instance Pods and the status.
+    /// The instances are those the spec asks for, or those that run while a refused
+    /// spec is kept from them.
+    fn observe(
+        ctx: &Context,
+        cluster: &Cluster,
+        spec: &ClusterSpec,
+        replicas: i32,
+    ) -> Result<Self, Error> {
+        let instances: Instances = ctx
+            .related::<Pod>()
+            .iter()
+            .filter_map(|pod| {
+                let name = pod.metadata.name.clone()?;
+                topology::ordinal(cluster, &name)?;
+                Some((name, Instance::of(pod)))
+            })
+            .collect();
+        let published = observed::child::<ConfigMap>(ctx, &cluster.topology())?
+            .as_ref()
+            .and_then(Published::of);
+        let primary = spec
+            .primary
+            .as_deref()
+            .map(str::trim)
+            .filter(|p| !p.is_empty());
+        if let Some(p) = primary
+            && topology::ordinal(cluster, p).is_none_or(|o| o >= replicas)
+        {
+            return Err(Error::invalid(format!(
+                "spec.primary {p:?} is not an instance of this cluster: name one of {}-0 to {}-{}",
+                cluster.name(),
+                cluster.name(),
+                replicas - 1
+            )));
+        }
+        let wanted = topology::Wanted {
+            instances: replicas,
+            failover_delay: spec
+                .failover_delay
+                .map_or(topology::DEFAULT_FAILOVER_DELAY, Duration::from_secs),
+            synchronous: spec.synchronous,
+            primary: primary.map(String::from),
+        };
+        let decision = topology::decide(
+            cluster,
+            &wanted,
+            published.as_ref(),
+            &recorded(ctx.parent()),
+            &instances,
+            now(),
+        );
+        Ok(Topology {
+            decision,
+            instances,
+        })
+    }
+
+    /// Events for a new epoch.
+    fn announce(&self, desired: &mut Desired) {
+        let d = &self.decision;
+        match &d.change {
+            Some(Change::Failover {
+                from,
+                to,
+                not_ready_for,
+            }) => {
+                desired.event(Event::warning(
+                    "Failover",
+                    format!(
+                        "primary {from} not ready for {}s: promoting {to} (epoch {}); it catches up with the most advanced standby first",
+                        not_ready_for.as_secs(),
+                        d.epoch
+                    ),
+                ));
+            }
+            Some(Change::Switchover {
+                from,
+                to,
+                requested,
+            }) => {
+                let why = if *requested {
+                    "spec.primary names it"
+                } else {
+                    "the primary is beyond spec.instances"
+                };
+                desired.event(Event::normal(
+                    "Switchover",
+                    format!(
+                        "handing the primary role from {from} to {to} (epoch {}): {why}",
+                        d.epoch
+                    ),
+                ));
+            }
+            Some(Change::Republished) => {
+                desired.event(Event::warning(
+                    "TopologyRepublished",
+                    format!(
+                        "the topology ConfigMap was missing: published again with primary {} (epoch {})",
+                        d.primary, d.epoch
+                    ),
+                ));
+            }
+            Some(Change::Created) | None => {}
+        }
+    }
+
+    /// The phase, corrected by the topology: no primary serving, or one becoming primary,
+    /// is not Running.
+    fn assess(&self, assessment: Assessment) -> Assessment {
+        let d = &self.decision;
+        if assessment.phase == Phase::Pending {
+            return assessment;
+        }
+        let (reason, message) = if let Some(waiting) = &d.waiting {
+            ("PrimaryNotReady", waiting.clone())
+        } else if d.current_primary.as_deref() != Some(d.primary.as_str()) {
+            (
+                "Promoting",
+                format!("{} becomes primary (epoch {})", d.primary, d.epoch),
+            )
+        } else if let Some(since) = d.not_ready_since {
+            (
+                "PrimaryNotReady",
+                format!("primary {} not ready since {since}", d.primary),
+            )
+        } else {
+            return assessment;
+        };
+        Assessment {
+            phase: Phase::Degraded,
+            reason,
+            message,
+            ..assessment
+        }
+    }
+}
+
+/// What the last reconcile recorded in the status.
+fn recorded(parent: &Value) -> Recorded {
+    let field = |name: &str| {
+        parent
+            .pointer(&format!("/status/{name}"))
+            .and_then(Value::as_str)
+            .map(String::from)
+    };
+    Recorded {
+        epoch: parent.pointer("/status/epoch").and_then(Value::as_u64),
+        current_primary: field("currentPrimary"),
+        not_ready_since: field("primaryNotReadySince").and_then(|t| t.parse().ok()),
+        target_primary: field("targetPrimary"),
+        fencing: field("fencing"),
+        target_ready_transition: field("targetReadyTransition"),
+    }
+}
+
+/// The host's clock, to the second.
+fn now() -> Timestamp {
+    let seconds = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Timestamp::from_second(i64::try_from(seconds).unwrap_or(i64::MAX))
+        .unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
 /// The observed credentials, or new ones (with an event) when the Secret is absent.
@@ -250,12 +463,20 @@ fn report(
     ctx: &Context,
     cluster: &Cluster,
     assessment: &Assessment,
+    topology: &Topology,
     desired: &mut Desired,
 ) -> Result<(), Error> {
+    let d = &topology.decision;
     desired.status(&ClusterStatus {
         phase: assessment.phase,
         ready_replicas: assessment.ready,
         primary_endpoint: cluster.primary_endpoint(),
+        current_primary: d.current_primary.clone(),
+        target_primary: Some(d.primary.clone()),
+        epoch: Some(d.epoch),
+        primary_not_ready_since: d.not_ready_since.map(|t| t.to_string()),
+        fencing: d.fencing.clone(),
+        target_ready_transition: d.target_ready_transition.clone(),
     })?;
     desired.condition(Condition::new(
         "Ready",

@@ -12,12 +12,13 @@ use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, JobSpec, JobTemplateSpec
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
     EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, Lifecycle, LifecycleHandler,
-    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    ObjectFieldSelector, ObjectReference, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
     PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecurityContext, Service,
     ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
     WeightedPodAffinityTerm,
 };
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -28,6 +29,7 @@ use crate::credentials::keys;
 use crate::observed::{DATA_VOLUME, STORAGE_ANNOTATION, VERSION_ANNOTATION};
 use crate::scripts;
 use crate::spec::Config;
+use crate::topology::{self, Decision, Instances};
 
 /// User and group of `postgres` in the official (Debian-based) `postgres` images.
 pub const POSTGRES_UID: i64 = 999;
@@ -38,6 +40,14 @@ pub const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
 /// Where the scripts ConfigMap is mounted.
 pub const SCRIPTS_MOUNT: &str = "/scripts";
+/// Where the topology ConfigMap is mounted.
+pub const TOPOLOGY_MOUNT: &str = "/topology";
+/// Seconds between two readiness probes of an instance.
+pub const READINESS_PERIOD: i32 = 1;
+/// Failed readiness probes before an instance is not ready.
+pub const READINESS_FAILURES: i32 = 2;
+/// Who manages the EndpointSlices of the read-write and read-only Services.
+pub const SLICE_MANAGER: &str = "postgresql.capstan.dev";
 /// Where the dumps claim is mounted in the dump job.
 pub const DUMPS_MOUNT: &str = "/dumps";
 /// How many dumps the dump job keeps.
@@ -46,12 +56,17 @@ pub const DUMPS_KEPT: u32 = 7;
 /// Every child of a cluster that runs `config`, in the order they are applied.
 /// `dumps_storage` is the size of an existing dumps claim, kept as it is.
 pub struct Children {
+    /// The topology ConfigMap: first, so that a stale decision (refused with 409)
+    /// writes nothing at all.
+    pub topology: ConfigMap,
     /// The credentials Secret, built by the caller.
     pub secret: k8s_openapi::api::core::v1::Secret,
     /// The scripts ConfigMap.
     pub scripts: ConfigMap,
-    /// Headless, read-write and read Services.
-    pub services: [Service; 3],
+    /// Headless, read-write, read and read-only Services.
+    pub services: [Service; 4],
+    /// The endpoints of the read-write and read-only Services.
+    pub endpoint_slices: [EndpointSlice; 2],
     /// The instances.
     pub statefulset: StatefulSet,
     /// With more than one instance.
@@ -63,28 +78,55 @@ pub struct Children {
 }
 
 impl Children {
-    /// Builds them.
+    /// Builds them. The StatefulSet runs `decision.members` instances, which may be more
+    /// than `config` asks while the primary is beyond them.
     pub fn build(
         cluster: &Cluster,
         config: &Config,
         secret: k8s_openapi::api::core::v1::Secret,
         dumps_storage: Option<&str>,
+        decision: &Decision,
+        instances: &Instances,
     ) -> Self {
         let dumps = match (dumps_storage, &config.schedule) {
             (Some(size), _) => Some(dumps_claim(cluster, size)),
             (None, Some(_)) => Some(dumps_claim(cluster, &config.storage)),
             (None, None) => None,
         };
+        let running = Config {
+            replicas: decision.members,
+            ..config.clone()
+        };
+        let standbys: Vec<&str> = instances
+            .iter()
+            .filter(|(name, i)| {
+                i.serving()
+                    && **name != decision.primary
+                    && decision.fencing.as_deref() != Some(name.as_str())
+            })
+            .map(|(name, _)| name.as_str())
+            .collect();
+        // The primary, once it serves as one (not while it is being promoted).
+        let primary: Vec<&str> = match decision.current_primary.as_deref() {
+            Some(current) if current == decision.primary => vec![current],
+            _ => Vec::new(),
+        };
         Children {
+            topology: topology_config_map(cluster, decision),
             secret,
             scripts: scripts_config_map(cluster),
             services: [
                 headless_service(cluster),
-                read_write_service(cluster),
+                routed_service(cluster, cluster.read_write()),
                 read_service(cluster),
+                routed_service(cluster, cluster.read_only()),
             ],
-            statefulset: statefulset(cluster, config),
-            disruption_budget: (config.replicas > 1).then(|| disruption_budget(cluster)),
+            endpoint_slices: [
+                endpoint_slice(cluster, cluster.read_write(), &primary, instances),
+                endpoint_slice(cluster, cluster.read_only(), &standbys, instances),
+            ],
+            statefulset: statefulset(cluster, &running),
+            disruption_budget: (running.replicas > 1).then(|| disruption_budget(cluster)),
             dump_job: config
                 .schedule
                 .as_deref()
@@ -95,9 +137,15 @@ impl Children {
 
     /// Adds every child to `desired`.
     pub fn add_to(self, desired: &mut capstan_sdk::Desired) -> Result<(), capstan_sdk::Error> {
-        desired.child(&self.secret)?.child(&self.scripts)?;
+        desired
+            .child(&self.topology)?
+            .child(&self.secret)?
+            .child(&self.scripts)?;
         for service in &self.services {
             desired.child(service)?;
+        }
+        for slice in &self.endpoint_slices {
+            desired.child(slice)?;
         }
         desired.child(&self.statefulset)?;
         if let Some(pdb) = &self.disruption_budget {
@@ -173,6 +221,13 @@ fn bash(script: &str) -> Vec<String> {
     vec!["bash".into(), format!("{SCRIPTS_MOUNT}/{script}")]
 }
 
+/// `bash /scripts/entrypoint.sh <command>`: a probe of the instance's agent.
+fn entrypoint_command(command: &str) -> Vec<String> {
+    let mut argv = bash(scripts::ENTRYPOINT_FILE);
+    argv.push(command.into());
+    argv
+}
+
 fn scripts_config_map(cluster: &Cluster) -> ConfigMap {
     ConfigMap {
         metadata: meta(cluster.scripts(), cluster),
@@ -200,21 +255,86 @@ fn headless_service(cluster: &Cluster) -> Service {
     }
 }
 
-/// Reads and writes: the primary, pod 0, only.
-fn read_write_service(cluster: &Cluster) -> Service {
-    let mut selector = cluster.instance_labels();
-    selector.insert(
-        "statefulset.kubernetes.io/pod-name".into(),
-        cluster.primary_pod(),
-    );
+/// What the agents follow. Written with the resourceVersion it was observed at (or
+/// create-only), so that a decision taken on a stale cache is refused, never applied.
+fn topology_config_map(cluster: &Cluster, decision: &Decision) -> ConfigMap {
+    let mut metadata = meta(cluster.topology(), cluster);
+    metadata.resource_version = Some(decision.precondition.clone());
+    ConfigMap {
+        metadata,
+        data: Some(BTreeMap::from([(
+            topology::TOPOLOGY_KEY.into(),
+            topology::text(cluster, decision),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// A Service without a selector, whose endpoints the plugin decides: `-rw`, the
+/// primary of the topology; `-ro`, the standbys. Labelling Pods would mean writing to
+/// objects the StatefulSet owns.
+fn routed_service(cluster: &Cluster, name: String) -> Service {
     Service {
-        metadata: meta(cluster.read_write(), cluster),
+        metadata: meta(name, cluster),
         spec: Some(ServiceSpec {
-            selector: Some(selector),
-            ports: Some(vec![port()]),
+            ports: Some(vec![ServicePort {
+                name: Some("postgresql".into()),
+                port: i32::from(PORT),
+                target_port: Some(IntOrString::Int(i32::from(PORT))),
+                ..Default::default()
+            }]),
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// The endpoints of a routed Service: the Pods `names`, ready.
+fn endpoint_slice(
+    cluster: &Cluster,
+    service: String,
+    names: &[&str],
+    instances: &Instances,
+) -> EndpointSlice {
+    let mut metadata = meta(service.clone(), cluster);
+    let labels = metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert("kubernetes.io/service-name".into(), service);
+    labels.insert(
+        "endpointslice.kubernetes.io/managed-by".into(),
+        SLICE_MANAGER.into(),
+    );
+    let endpoints: Vec<Endpoint> = names
+        .iter()
+        .filter_map(|name| {
+            let instance = instances.get(*name)?;
+            Some(Endpoint {
+                addresses: vec![instance.ip.clone()?],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    serving: Some(true),
+                    terminating: Some(false),
+                }),
+                target_ref: Some(ObjectReference {
+                    kind: Some("Pod".into()),
+                    name: Some((*name).into()),
+                    namespace: Some(cluster.namespace().into()),
+                    uid: instance.uid.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        })
+        .collect();
+    EndpointSlice {
+        metadata,
+        address_type: "IPv4".into(),
+        endpoints: Some(endpoints),
+        ports: Some(vec![EndpointPort {
+            name: Some("postgresql".into()),
+            port: Some(i32::from(PORT)),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
     }
 }
 
@@ -288,8 +408,15 @@ fn instance_pod(cluster: &Cluster, config: &Config) -> PodSpec {
         },
         env("PGDATA", PGDATA),
         env("PG_PORT", PORT.to_string()),
-        env("PRIMARY_HOST", cluster.primary_pod_host()),
-        env("PRIMARY_PORT", PORT.to_string()),
+        env(
+            "TOPOLOGY_FILE",
+            format!("{TOPOLOGY_MOUNT}/{}", topology::TOPOLOGY_KEY),
+        ),
+        // Long enough for the kubelet to see a standby being promoted not ready.
+        env(
+            "PROMOTE_HOLD",
+            (READINESS_PERIOD * READINESS_FAILURES + 1).to_string(),
+        ),
     ];
     env.extend(app_env(cluster));
     env.extend([
@@ -306,20 +433,22 @@ fn instance_pod(cluster: &Cluster, config: &Config) -> PodSpec {
             ..Default::default()
         }]),
         env: Some(env),
+        // Ready: postgres answers, in the role of the epoch its agent adopted. The
+        // plugin reads it to route `-rw` and `-ro` and to decide a failover.
         readiness_probe: Some(Probe {
             exec: Some(ExecAction {
-                command: Some(
-                    [
-                        "pg_isready",
-                        "-q",
-                        "-h",
-                        "127.0.0.1",
-                        "-p",
-                        &PORT.to_string(),
-                    ]
-                    .map(String::from)
-                    .to_vec(),
-                ),
+                command: Some(entrypoint_command("ready")),
+            }),
+            period_seconds: Some(READINESS_PERIOD),
+            timeout_seconds: Some(5),
+            failure_threshold: Some(READINESS_FAILURES),
+            ..Default::default()
+        }),
+        // Alive unless the server hangs, or serves as a primary that a newer topology
+        // deposed while its agent failed to stop it: then the kubelet restarts it.
+        liveness_probe: Some(Probe {
+            exec: Some(ExecAction {
+                command: Some(entrypoint_command("live")),
             }),
             period_seconds: Some(5),
             timeout_seconds: Some(5),
@@ -344,6 +473,7 @@ fn instance_pod(cluster: &Cluster, config: &Config) -> PodSpec {
         volume_mounts: Some(vec![
             mount(DATA_VOLUME, DATA_MOUNT, false),
             mount("scripts", SCRIPTS_MOUNT, true),
+            mount("topology", TOPOLOGY_MOUNT, true),
             mount("shm", "/dev/shm", false),
         ]),
         security_context: Some(container_security()),
@@ -356,6 +486,15 @@ fn instance_pod(cluster: &Cluster, config: &Config) -> PodSpec {
         affinity: Some(spread_across_nodes(cluster)),
         volumes: Some(vec![
             scripts_volume(cluster),
+            Volume {
+                name: "topology".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: cluster.topology(),
+                    default_mode: Some(0o444),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
             Volume {
                 name: "shm".into(),
                 empty_dir: Some(EmptyDirVolumeSource {

@@ -39,6 +39,16 @@ pub struct ClusterSpec {
     /// same name). It must run the PostgreSQL of `version`.
     #[serde(default)]
     pub image_name: Option<String>,
+    /// Seconds the primary may be not ready before a standby is promoted.
+    #[serde(default)]
+    pub failover_delay: Option<u64>,
+    /// Whether a commit waits for standbys to have it (a majority of the instances).
+    #[serde(default)]
+    pub synchronous: bool,
+    /// The instance that should be the primary (`<name>-<n>`): setting it to another
+    /// instance is a switchover.
+    #[serde(default)]
+    pub primary: Option<String>,
 }
 
 /// `spec.storage` in v1, as CloudNativePG's.
@@ -407,6 +417,9 @@ mod tests {
                 storage: StorageSpec { size: "1Gi".into() },
                 backup_schedule: None,
                 image_name: None,
+                failover_delay: None,
+                synchronous: false,
+                primary: None,
             };
             match Config::from_spec(&spec, fields) {
                 Err(Error::Invalid(m)) => assert!(m.contains(why), "{m}"),

@@ -41,6 +41,26 @@ pub struct ClusterStatus {
     pub ready_replicas: i32,
     /// `<name>-rw.<namespace>.svc:5432`.
     pub primary_endpoint: String,
+    /// The instance serving as primary, as far as readiness tells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary: Option<String>,
+    /// The primary of the topology's epoch: the instance that is or becomes primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_primary: Option<String>,
+    /// The topology's epoch: each failover or switchover starts a new one (and the new
+    /// primary a new PostgreSQL timeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    /// Since when the target primary has been seen not ready (the failover delay runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_not_ready_since: Option<String>,
+    /// A former primary kept out of `-ro` until it is seen stepping down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<String>,
+    /// The target's `Ready` transition time when it was named: it serves as primary once
+    /// its readiness has changed since (it was ready as a standby then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_ready_transition: Option<String>,
 }
 
 /// A judgement of the cluster: its phase and why.

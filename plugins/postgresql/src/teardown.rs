@@ -1,15 +1,15 @@
 //! Ordered teardown (`finalize`): a deleted cluster goes down in waves, each over
 //! before the next starts, so that nothing runs against what is already gone.
 //!
-//! 1. The dump CronJob and the Services: no dump starts against a primary that is
-//!    stopping, and clients stop reaching the instances.
+//! 1. The dump CronJob, the Services and their EndpointSlices: no dump starts against
+//!    a primary that is stopping, and clients stop reaching the instances.
 //! 2. The StatefulSet: the host deletes it in the foreground, so the wave lasts until
 //!    its Pods have stopped (each with its fast-shutdown `preStop`).
 //! 3. The credentials Secret, which the Pods read until they stop.
 //!
-//! Then done; what no wave names (the scripts ConfigMap, the PodDisruptionBudget, the
-//! claim `<name>-dumps`) is garbage-collected through its ownerReference once the
-//! cluster is gone. The instances' claims `data-<name>-<n>` are not the cluster's
+//! Then done; what no wave names (the scripts and topology ConfigMaps, the
+//! PodDisruptionBudget, the claim `<name>-dumps`) is garbage-collected through its
+//! ownerReference once the cluster is gone. The instances' claims `data-<name>-<n>` are not the cluster's
 //! children: the StatefulSet's retention policy keeps them.
 //!
 //! Each wave is derived from the observed children alone: it names those of its kinds
@@ -21,6 +21,7 @@ use k8s_openapi::Resource;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::Value;
 
 /// A child kind, as `(apiVersion, kind)`.
@@ -31,6 +32,7 @@ pub const WAVES: [&[Kind]; 3] = [
     &[
         (CronJob::API_VERSION, CronJob::KIND),
         (Service::API_VERSION, Service::KIND),
+        (EndpointSlice::API_VERSION, EndpointSlice::KIND),
     ],
     &[(StatefulSet::API_VERSION, StatefulSet::KIND)],
     &[(Secret::API_VERSION, Secret::KIND)],

@@ -2,7 +2,7 @@
 //! refused changes, the phase judged from the StatefulSet, v1alpha1 parents, and the
 //! teardown waves from observed states.
 
-use capstan_sdk::testing::observe_for;
+use capstan_sdk::testing::{observe_for, observe_related_for};
 use capstan_sdk::{EventType, Plugin};
 use serde_json::{Value, json};
 
@@ -26,8 +26,38 @@ fn spec(instances: i64, version: &str, storage: &str, schedule: Option<&str>) ->
     spec
 }
 
+/// Reconciles with the instance Pods the observed StatefulSet's status implies: its
+/// first `readyReplicas` instances, ready.
 fn reconcile(parent: Value, children: Vec<Value>) -> Result<Desired, Error> {
-    PostgresPlugin::reconcile(&observe_for::<PostgresPlugin>(parent, children))
+    let ready = children
+        .iter()
+        .find(|c| c["kind"] == "StatefulSet")
+        .and_then(|s| s["status"]["readyReplicas"].as_i64())
+        .unwrap_or(0);
+    let pods = (0..ready).map(|o| pod(&format!("pg-{o}"), true)).collect();
+    reconcile_with_pods(parent, children, pods)
+}
+
+fn reconcile_with_pods(
+    parent: Value,
+    children: Vec<Value>,
+    pods: Vec<Value>,
+) -> Result<Desired, Error> {
+    PostgresPlugin::reconcile(&observe_related_for::<PostgresPlugin>(
+        parent, children, pods,
+    ))
+}
+
+/// An instance Pod as the API server returns it.
+fn pod(name: &str, ready: bool) -> Value {
+    let ordinal: u32 = name.rsplit('-').next().unwrap().parse().unwrap();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "prod", "uid": format!("uid-{name}"),
+                     "labels": {"app.kubernetes.io/name": "postgresql", "app.kubernetes.io/instance": "pg"}},
+        "status": {"podIP": format!("10.1.0.{}", ordinal + 10),
+                   "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    })
 }
 
 fn ok(parent: Value, children: Vec<Value>) -> Desired {
@@ -83,6 +113,14 @@ fn observed(d: &Desired, ready: i32) -> Vec<Value> {
         .collect()
 }
 
+/// Children but the EndpointSlices, which follow the Pods.
+fn without_routes(children: &[Value]) -> Vec<&Value> {
+    children
+        .iter()
+        .filter(|c| c["kind"] != "EndpointSlice")
+        .collect()
+}
+
 fn phase(d: &Desired) -> &str {
     d.status_value().unwrap()["phase"].as_str().unwrap()
 }
@@ -117,7 +155,8 @@ fn describe_declares_the_parent_children_and_crd() {
             "StatefulSet.apps/v1",
             "PodDisruptionBudget.policy/v1",
             "CronJob.batch/v1",
-            "PersistentVolumeClaim.v1"
+            "PersistentVolumeClaim.v1",
+            "EndpointSlice.discovery.k8s.io/v1"
         ]
     );
     let crd: Value = serde_json::from_str(info.crd.as_deref().unwrap()).unwrap();
@@ -153,11 +192,15 @@ fn a_new_cluster_gets_every_child_and_is_pending() {
     assert_eq!(
         names(&d),
         [
+            "ConfigMap/pg-topology",
             "Secret/pg-credentials",
             "ConfigMap/pg-scripts",
             "Service/pg",
             "Service/pg-rw",
             "Service/pg-r",
+            "Service/pg-ro",
+            "EndpointSlice/pg-rw",
+            "EndpointSlice/pg-ro",
             "StatefulSet/pg",
             "PodDisruptionBudget/pg",
             "CronJob/pg-dump",
@@ -166,8 +209,22 @@ fn a_new_cluster_gets_every_child_and_is_pending() {
     );
     assert_eq!(
         d.status_value().unwrap(),
-        &json!({"phase": "Pending", "readyReplicas": 0, "primaryEndpoint": "pg-rw.prod.svc:5432"})
+        &json!({"phase": "Pending", "readyReplicas": 0, "primaryEndpoint": "pg-rw.prod.svc:5432",
+                "targetPrimary": "pg-0", "epoch": 1})
     );
+    // The first topology is created, never written over one the cache did not show.
+    let topology = child(&d, "ConfigMap", "pg-topology");
+    assert_eq!(
+        topology["metadata"]["resourceVersion"],
+        topology::CREATE_ONLY
+    );
+    assert!(
+        topology["data"]["topology"]
+            .as_str()
+            .unwrap()
+            .contains("epoch=1\nprimary=pg-0\nsynchronous=0\n")
+    );
+    assert_eq!(child(&d, "EndpointSlice", "pg-rw")["endpoints"], json!([]));
     let ready = ready_condition(&d);
     assert_eq!(
         (ready.status, ready.reason.as_str()),
@@ -190,10 +247,9 @@ fn a_new_cluster_gets_every_child_and_is_pending() {
         sts["spec"]["persistentVolumeClaimRetentionPolicy"],
         json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
     );
-    assert_eq!(
-        child(&d, "Service", "pg-rw")["spec"]["selector"]["statefulset.kubernetes.io/pod-name"],
-        "pg-0"
-    );
+    // Routed by the plugin: no selector, the EndpointSlice says where.
+    assert_eq!(child(&d, "Service", "pg-rw")["spec"].get("selector"), None);
+    assert_eq!(child(&d, "Service", "pg-ro")["spec"].get("selector"), None);
     assert_eq!(child(&d, "Service", "pg")["spec"]["clusterIP"], "None");
     assert_eq!(
         child(&d, "CronJob", "pg-dump")["spec"]["schedule"],
@@ -267,10 +323,8 @@ fn an_observed_secret_keeps_its_passwords() {
 fn a_secret_without_a_password_is_not_replaced() {
     let first = ok(parent(spec(1, "16.1", "1Gi", None), Value::Null), vec![]);
     let mut children = observed(&first, 1);
-    children[0]["data"]
-        .as_object_mut()
-        .unwrap()
-        .remove("password");
+    let secret = children.iter_mut().find(|c| c["kind"] == "Secret").unwrap();
+    secret["data"].as_object_mut().unwrap().remove("password");
     match reconcile(parent(spec(1, "16.1", "1Gi", None), Value::Null), children) {
         Err(Error::Retry(m)) => assert!(
             m.contains("Secret pg-credentials has no usable \"password\""),
@@ -510,7 +564,11 @@ fn refused_changes_leave_every_child_as_it_was() {
         (spec(3, "16.1", "lots", Some("0 2 * * *")), "InvalidStorage"),
     ] {
         let d = ok(parent(changed, Value::Null), observed(&first, 3));
-        assert_eq!(d.children(), first.children(), "{reason}");
+        assert_eq!(
+            without_routes(d.children()),
+            without_routes(first.children()),
+            "{reason}"
+        );
         assert_eq!(phase(&d), "Failed");
         assert_eq!(d.status_value().unwrap()["readyReplicas"], 3);
         let ready = ready_condition(&d);
@@ -548,8 +606,8 @@ fn an_invalid_schedule_keeps_the_running_schedule() {
         observed(&first, 1),
     );
     assert_eq!(
-        d.children(),
-        first.children(),
+        without_routes(d.children()),
+        without_routes(first.children()),
         "no CronJob was running, none is added"
     );
     assert_eq!(ready_condition(&d).reason, "InvalidSchedule");
@@ -712,7 +770,10 @@ fn teardown_goes_in_waves_from_what_is_observed() {
                 "CronJob/pg-dump",
                 "Service/pg",
                 "Service/pg-r",
-                "Service/pg-rw"
+                "Service/pg-ro",
+                "Service/pg-rw",
+                "EndpointSlice/pg-ro",
+                "EndpointSlice/pg-rw"
             ],
             vec!["StatefulSet/pg"],
             vec!["Secret/pg-credentials"],
@@ -732,6 +793,7 @@ fn teardown_goes_in_waves_from_what_is_observed() {
     assert_eq!(
         left,
         [
+            "ConfigMap/pg-topology",
             "ConfigMap/pg-scripts",
             "PodDisruptionBudget/pg",
             "PersistentVolumeClaim/pg-dumps"
@@ -753,7 +815,14 @@ fn teardown_skips_waves_with_nothing_left() {
     // No schedule: no CronJob, the Services alone.
     assert_eq!(
         wave(&finalize(children.clone())),
-        ["Service/pg", "Service/pg-r", "Service/pg-rw"]
+        [
+            "Service/pg",
+            "Service/pg-r",
+            "Service/pg-ro",
+            "Service/pg-rw",
+            "EndpointSlice/pg-ro",
+            "EndpointSlice/pg-rw"
+        ]
     );
     // Services gone: the StatefulSet, even while the ConfigMap is still there.
     assert_eq!(
@@ -768,7 +837,10 @@ fn teardown_skips_waves_with_nothing_left() {
             .filter(|c| c["metadata"]["name"] == "pg-rw")
             .cloned(),
     );
-    assert_eq!(wave(&finalize(one_service)), ["Service/pg-rw"]);
+    assert_eq!(
+        wave(&finalize(one_service)),
+        ["Service/pg-rw", "EndpointSlice/pg-rw"]
+    );
     // The Secret alone.
     assert_eq!(
         wave(&finalize(only(&["Secret", "ConfigMap"]))),
@@ -805,5 +877,15 @@ fn teardown_does_not_depend_on_the_spec() {
     p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     let f =
         PostgresPlugin::finalize(&observe_for::<PostgresPlugin>(p, observed(&full, 1))).unwrap();
-    assert_eq!(wave(&f), ["Service/pg", "Service/pg-r", "Service/pg-rw"]);
+    assert_eq!(
+        wave(&f),
+        [
+            "Service/pg",
+            "Service/pg-r",
+            "Service/pg-ro",
+            "Service/pg-rw",
+            "EndpointSlice/pg-ro",
+            "EndpointSlice/pg-rw"
+        ]
+    );
 }

@@ -264,6 +264,12 @@ impl Server {
         }
     }
 
+    /// SIGKILL to the process group at once: a crash, or a node that is gone.
+    fn crash(&mut self) {
+        signal("KILL", &format!("-{}", self.child.id()));
+        self.stop();
+    }
+
     /// Fast shutdown (SIGINT) of the process group, then SIGKILL if it lingers.
     fn stop(&mut self) {
         if std::mem::replace(&mut self.stopped, true) {
@@ -314,7 +320,32 @@ impl Drop for Server {
     }
 }
 
-/// The environment the StatefulSet gives an instance, pointed at loopback.
+/// What the plugin writes to the ConfigMap `<name>-topology`: the epoch, its primary,
+/// how many standbys confirm a commit, and the members (name, port on loopback).
+#[derive(Clone)]
+struct Topology {
+    epoch: u64,
+    primary: &'static str,
+    synchronous: u32,
+    members: Vec<(&'static str, u16)>,
+}
+
+impl Topology {
+    fn text(&self) -> String {
+        let mut text = format!(
+            "epoch={}\nprimary={}\nsynchronous={}\n",
+            self.epoch, self.primary, self.synchronous
+        );
+        for (name, port) in &self.members {
+            text.push_str(&format!("member={name} 127.0.0.1 {port}\n"));
+        }
+        text
+    }
+}
+
+/// The environment the StatefulSet gives an instance, pointed at loopback. Each instance
+/// reads its own copy of the topology, as each Pod has its own ConfigMap volume that
+/// its kubelet updates when it gets to it.
 struct Instance<'a> {
     tools: &'a Toolbox,
     scripts: &'a Path,
@@ -322,26 +353,61 @@ struct Instance<'a> {
 }
 
 impl Instance<'_> {
-    fn start(
+    fn topology_file(&self, pod: &str) -> PathBuf {
+        self.root.join(pod).join("topology")
+    }
+
+    /// Writes `topology` for the instances `pods`, atomically, as the kubelet does.
+    fn publish(&self, topology: &Topology, pods: &[&str]) {
+        for pod in pods {
+            let home = self.tools.dir(&self.root.join(pod));
+            let tmp = home.join("topology.tmp");
+            fs::write(&tmp, topology.text()).unwrap();
+            fs::rename(&tmp, self.topology_file(pod)).unwrap();
+        }
+    }
+
+    fn start(&self, name: &'static str, pod: &str, port: u16, app_password: &str) -> Server {
+        let mut server = self.spawn(name, pod, port, app_password, false);
+        server.wait_ready(self.tools);
+        server
+    }
+
+    /// The instance under a restart loop, as the kubelet restarts a container that
+    /// exits: the agent exits to step down.
+    fn start_restarting(&self, name: &'static str, pod: &str, port: u16) -> Server {
+        self.spawn(name, pod, port, APP_PASSWORD, true)
+    }
+
+    fn spawn(
         &self,
         name: &'static str,
         pod: &str,
         port: u16,
-        primary_port: u16,
         app_password: &str,
+        restarting: bool,
     ) -> Server {
         let home = self.tools.dir(&self.root.join(pod));
         let socket = self.tools.dir(&home.join("socket"));
         let pgdata = home.join("pgdata");
+        let entrypoint = self.scripts.join(scripts::ENTRYPOINT_FILE);
         let mut cmd = self.tools.unprivileged("bash");
-        cmd.arg(self.scripts.join(scripts::ENTRYPOINT_FILE))
+        if restarting {
+            cmd.args([
+                "-c",
+                "trap 'exit 0' INT TERM; while :; do bash \"$0\"; echo \"restart-loop: exited $?\" >&2; sleep 1; done",
+            ]);
+        }
+        cmd.arg(entrypoint)
             .env("POD_NAME", pod)
             .env("PGDATA", &pgdata)
             .env("PG_PORT", port.to_string())
             .env("PG_LISTEN_ADDRESSES", "127.0.0.1")
             .env("PG_SOCKET_DIR", &socket)
-            .env("PRIMARY_HOST", "127.0.0.1")
-            .env("PRIMARY_PORT", primary_port.to_string())
+            .env("TOPOLOGY_FILE", self.topology_file(pod))
+            .env("AGENT_INTERVAL", "0.3")
+            .env("PEER_TIMEOUT", "2")
+            .env("PROMOTE_HOLD", "1")
             .env("APP_USER", "app")
             .env("APP_PASSWORD", app_password)
             .env("APP_DATABASE", "app")
@@ -349,9 +415,8 @@ impl Instance<'_> {
             .env("REPLICATION_PASSWORD", REPLICATION_PASSWORD)
             .env("WAL_KEEP_SIZE", "64MB")
             .env("BASEBACKUP_ATTEMPTS", "3");
-        let mut server = Server::spawn(name, cmd, port, socket, &pgdata, home.join("log"));
-        server.wait_ready(self.tools);
-        server
+        let log = home.join(format!("log-{name}").replace(' ', "-"));
+        Server::spawn(name, cmd, port, socket, &pgdata, log)
     }
 }
 
@@ -406,9 +471,16 @@ fn primary_and_standby_replicate_and_the_dump_restores() {
         root: &root,
     };
     let (primary_port, standby_port, restore_port) = (free_port(), free_port(), free_port());
+    let topology = Topology {
+        epoch: 1,
+        primary: "pg-0",
+        synchronous: 0,
+        members: vec![("pg-0", primary_port), ("pg-1", standby_port)],
+    };
+    instances.publish(&topology, &["pg-0", "pg-1"]);
 
     // The primary initializes itself: the application role, its database, its password.
-    let mut primary = instances.start("primary", "pg-0", primary_port, primary_port, APP_PASSWORD);
+    let mut primary = instances.start("primary", "pg-0", primary_port, APP_PASSWORD);
     tools
         .psql(primary_port, "app", APP_PASSWORD, "CREATE TABLE notes (id int PRIMARY KEY, note text); INSERT INTO notes VALUES (1, 'before the standby existed')")
         .expect("the application role writes on the primary");
@@ -421,7 +493,7 @@ fn primary_and_standby_replicate_and_the_dump_restores() {
     );
 
     // The standby copies the primary with pg_basebackup and streams from it.
-    let standby = instances.start("standby", "pg-1", standby_port, primary_port, APP_PASSWORD);
+    let standby = instances.start("standby", "pg-1", standby_port, APP_PASSWORD);
     assert_eq!(
         tools.psql(
             standby_port,
@@ -504,13 +576,7 @@ fn primary_and_standby_replicate_and_the_dump_restores() {
             .expect("the primary's data directory");
         fs::set_permissions(pgdata, fs::Permissions::from_mode(0o2770)).unwrap();
     }
-    let primary = instances.start(
-        "restarted primary",
-        "pg-0",
-        primary_port,
-        primary_port,
-        NEW_APP_PASSWORD,
-    );
+    let primary = instances.start("restarted primary", "pg-0", primary_port, NEW_APP_PASSWORD);
     assert!(
         tools
             .psql(primary_port, "app", APP_PASSWORD, "SELECT 1")
@@ -660,4 +726,293 @@ fn primary_and_standby_replicate_and_the_dump_restores() {
         ),
         Ok("1|before the standby existed\n2|streamed\n3|after a restart".into())
     );
+}
+
+/// A scratch directory the servers' user can enter, and the scripts in it.
+fn workspace(tools: &Toolbox) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = match tools.run_as {
+        Some(_) => tempfile::Builder::new()
+            .prefix("capstan-pg-")
+            .tempdir_in("/tmp"),
+        None => tempfile::Builder::new().prefix("capstan-pg-").tempdir(),
+    }
+    .unwrap();
+    let root = tools.dir(tmp.path());
+    let scripts_dir = root.join("scripts");
+    fs::create_dir(&scripts_dir).unwrap();
+    fs::write(
+        scripts_dir.join(scripts::ENTRYPOINT_FILE),
+        scripts::ENTRYPOINT,
+    )
+    .unwrap();
+    (tmp, root, scripts_dir)
+}
+
+impl Toolbox {
+    /// Whether the server on `port` is a standby; none when it does not answer.
+    fn in_recovery(&self, port: u16) -> Option<bool> {
+        self.psql(port, "app", APP_PASSWORD, "SELECT pg_is_in_recovery()")
+            .ok()
+            .map(|r| r == "t")
+    }
+
+    /// The standbys streaming from the primary on `port`: `name:state:sync_state`, sorted.
+    fn replication(&self, server: &Server) -> String {
+        self.psql_superuser(
+            &server.socket,
+            server.port,
+            "postgres",
+            "SELECT string_agg(application_name || ':' || state || ':' || sync_state, ',' \
+             ORDER BY application_name) FROM pg_stat_replication",
+        )
+        .unwrap_or_default()
+    }
+
+    /// The ids in `acked` on the server on `port`, in order.
+    fn acked(&self, port: u16) -> Result<Vec<i32>, String> {
+        let out = self.psql(
+            port,
+            "app",
+            APP_PASSWORD,
+            "SELECT id FROM acked ORDER BY id",
+        )?;
+        Ok(out.lines().map(|l| l.parse().unwrap()).collect())
+    }
+
+    /// Inserts `id` through the server on `port`; true when the commit was acknowledged
+    /// within `within`. A commit still waiting then is abandoned (its client is killed),
+    /// so it was never acknowledged.
+    fn insert_acked(&self, port: u16, id: i32, within: Duration) -> bool {
+        let mut child = self
+            .command("psql")
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+            .args(["-p", &port.to_string(), "-U", "app", "-d", "app", "-c"])
+            .arg(format!("INSERT INTO acked VALUES ({id})"))
+            .env("PGPASSWORD", APP_PASSWORD)
+            .env("PGCONNECT_TIMEOUT", "2")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.success();
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Three instances with synchronous replication (one standby confirms each commit):
+/// the primary crashes and the plugin names a standby, which promotes with every
+/// acknowledged row; the deposed primary comes back while its topology is stale, serves
+/// as a primary whose writes are never acknowledged, then steps down, rewinds and
+/// follows; a switchover hands the primary role back; an older epoch is ignored.
+#[test]
+fn failover_switchover_and_rejoin_lose_no_acknowledged_commit() {
+    let tools = Toolbox::find();
+    let began = Instant::now();
+    let phase = |what: &str| eprintln!("{:>6.1?} {what}", began.elapsed());
+    let (_tmp, root, scripts_dir) = workspace(&tools);
+    let instances = Instance {
+        tools: &tools,
+        scripts: &scripts_dir,
+        root: &root,
+    };
+    let ports = [free_port(), free_port(), free_port()];
+    let all = ["pg-0", "pg-1", "pg-2"];
+    let mut topology = Topology {
+        epoch: 1,
+        primary: "pg-0",
+        synchronous: 1,
+        members: all.iter().copied().zip(ports).collect(),
+    };
+    instances.publish(&topology, &all);
+    let mut pg0 = instances.start_restarting("pg-0", "pg-0", ports[0]);
+    pg0.wait_ready(&tools);
+    let mut pg1 = instances.start_restarting("pg-1", "pg-1", ports[1]);
+    pg1.wait_ready(&tools);
+    let mut pg2 = instances.start_restarting("pg-2", "pg-2", ports[2]);
+    pg2.wait_ready(&tools);
+    eventually("both standbys stream to pg-0 as a quorum of one", || {
+        (tools.replication(&pg0) == "pg-1:streaming:quorum,pg-2:streaming:quorum").then_some(())
+    });
+    tools
+        .psql(
+            ports[0],
+            "app",
+            APP_PASSWORD,
+            "CREATE TABLE acked (id int PRIMARY KEY)",
+        )
+        .unwrap();
+    let mut acked: Vec<i32> = Vec::new();
+    for id in 1..=20 {
+        assert!(
+            tools.insert_acked(ports[0], id, WAIT),
+            "insert {id} on pg-0"
+        );
+        acked.push(id);
+    }
+
+    // pg-1 falls behind (pg-0's WAL sender to it is stopped): the next commits are
+    // confirmed by pg-2 alone, and only pg-2 has them.
+    let sender = tools
+        .psql_superuser(
+            &pg0.socket,
+            ports[0],
+            "postgres",
+            "SELECT pid FROM pg_stat_replication WHERE application_name = 'pg-1'",
+        )
+        .unwrap();
+    assert!(!sender.is_empty(), "pg-0 has a WAL sender to pg-1");
+    signal("STOP", &sender);
+    for id in 21..=25 {
+        assert!(
+            tools.insert_acked(ports[0], id, WAIT),
+            "insert {id} on pg-0"
+        );
+        acked.push(id);
+    }
+    phase("three instances streaming, 25 rows acknowledged, pg-1 behind");
+    // Failover: pg-0 crashes for good and the plugin names pg-1, the standby that is
+    // behind: it catches up with pg-2 before it promotes. pg-0's own copy of the
+    // topology stays at epoch 1, as a dead node's kubelet never updates it.
+    pg0.crash();
+    // Backends leave the server's process group (setsid), and a stopped one would
+    // outlive the crash.
+    signal("KILL", &sender);
+    topology.epoch = 2;
+    topology.primary = "pg-1";
+    let named = Instant::now();
+    instances.publish(&topology, &["pg-1", "pg-2"]);
+    eventually("pg-1 promoted", || {
+        (tools.in_recovery(ports[1]) == Some(false)).then_some(())
+    });
+    assert!(
+        tools.insert_acked(ports[1], 26, WAIT),
+        "pg-1 takes writes, confirmed by pg-2"
+    );
+    acked.push(26);
+    eprintln!(
+        "failover: pg-1 took writes {:?} after it was named",
+        named.elapsed()
+    );
+    assert_eq!(
+        tools.acked(ports[1]),
+        Ok(acked.clone()),
+        "every acknowledged row is on pg-1"
+    );
+    eventually("pg-2 streams from pg-1", || {
+        (tools.replication(&pg1) == "pg-2:streaming:quorum").then_some(())
+    });
+
+    phase("failover done");
+    // The deposed primary comes back before its kubelet updated its topology: it serves
+    // as the primary of epoch 1 but cannot have a commit acknowledged, since no standby
+    // follows it any more.
+    let mut pg0 = instances.start_restarting("pg-0 deposed", "pg-0", ports[0]);
+    pg0.wait_ready(&tools);
+    assert_eq!(
+        tools.in_recovery(ports[0]),
+        Some(false),
+        "pg-0 resumed as the epoch-1 primary"
+    );
+    assert!(
+        !tools.insert_acked(ports[0], 1000, Duration::from_secs(5)),
+        "a deposed primary acknowledged a commit"
+    );
+    phase("deposed primary refused to acknowledge");
+    // Its topology catches up: it steps down, rewinds onto pg-1's timeline and follows.
+    instances.publish(&topology, &["pg-0"]);
+    eventually("pg-0 and pg-2 stream from pg-1", || {
+        (tools.replication(&pg1) == "pg-0:streaming:quorum,pg-2:streaming:quorum").then_some(())
+    });
+    assert!(tools.insert_acked(ports[1], 27, WAIT));
+    acked.push(27);
+    eventually("pg-0 has every acknowledged row and nothing else", || {
+        (tools.acked(ports[0]).ok()? == acked).then_some(())
+    });
+    assert!(
+        pg0.log().contains("rewinding onto the timeline of pg-1"),
+        "{}",
+        pg0.log()
+    );
+    assert!(
+        pg1.log().contains("catching up with pg-2"),
+        "pg-1 promoted without catching up:\n{}",
+        pg1.log()
+    );
+
+    phase("deposed primary rejoined");
+    // Switchover back to pg-0: pg-1 steps down cleanly, pg-0 promotes.
+    topology.epoch = 3;
+    topology.primary = "pg-0";
+    let named = Instant::now();
+    instances.publish(&topology, &all);
+    let mut id = 28;
+    while !tools.insert_acked(ports[0], id, Duration::from_secs(2)) {
+        assert!(
+            named.elapsed() < WAIT,
+            "pg-0 never took writes:\n{}",
+            pg0.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    acked.push(id);
+    eprintln!(
+        "switchover: pg-0 took writes {:?} after it was named",
+        named.elapsed()
+    );
+    id += 1;
+    assert!(tools.insert_acked(ports[0], id, WAIT));
+    acked.push(id);
+    eventually("pg-1 and pg-2 stream from pg-0", || {
+        (tools.replication(&pg0) == "pg-1:streaming:quorum,pg-2:streaming:quorum").then_some(())
+    });
+    for port in ports {
+        eventually("every instance has every acknowledged row", || {
+            (tools.acked(port).ok()? == acked).then_some(())
+        });
+    }
+
+    phase("switchover done");
+    // An older epoch, however it reads, changes nothing.
+    instances.publish(
+        &Topology {
+            epoch: 2,
+            primary: "pg-2",
+            ..topology.clone()
+        },
+        &["pg-2"],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        tools.in_recovery(ports[2]),
+        Some(true),
+        "pg-2 took an old epoch"
+    );
+    assert_eq!(
+        tools.replication(&pg0),
+        "pg-1:streaming:quorum,pg-2:streaming:quorum"
+    );
+
+    for server in [&pg0, &pg1, &pg2] {
+        let log = server.log();
+        for secret in [APP_PASSWORD, REPLICATION_PASSWORD] {
+            assert!(
+                !log.contains(secret),
+                "a password is in the {} log",
+                server.name
+            );
+        }
+    }
+    pg2.stop();
+    pg1.stop();
+    pg0.stop();
 }
