@@ -37,24 +37,27 @@ fn cache_dir() -> PathBuf {
 /// Loads the test plugin `name` in a sandbox of its own. On a thread of its own too:
 /// loading blocks on the sandbox's runtime, which a test's runtime may not do.
 fn load(name: &str) -> (Sandbox, Plugin) {
-    let name = name.to_string();
-    std::thread::spawn(move || load_here(&name))
+    load_file(capstan_e2e::operator::test_plugin(name))
+}
+
+fn load_file(file: PathBuf) -> (Sandbox, Plugin) {
+    std::thread::spawn(move || load_here(&file))
         .join()
         .expect("the plugin loads")
 }
 
-fn load_here(name: &str) -> (Sandbox, Plugin) {
+fn load_here(file: &std::path::Path) -> (Sandbox, Plugin) {
     let sandbox = Sandbox::new(SandboxConfig {
         deadline: Duration::from_secs(5),
-        memory_limit: 32 << 20,
+        memory_limit: 64 << 20,
         cache_dir: Some(cache_dir()),
         instances: 4,
         ..SandboxConfig::default()
     })
     .unwrap();
     let plugin = sandbox
-        .load_file_blocking(&capstan_e2e::operator::test_plugin(name))
-        .unwrap_or_else(|e| panic!("{e} (build the test plugins: cargo xtask plugins)"));
+        .load_file_blocking(file)
+        .unwrap_or_else(|e| panic!("{e} (build the plugins: cargo xtask plugins)"));
     (sandbox, plugin)
 }
 
@@ -77,7 +80,12 @@ struct Scenario {
 
 impl Scenario {
     fn new(plugin: &str) -> Self {
-        let (sandbox, plugin) = load(plugin);
+        Self::with(load(plugin), None)
+    }
+
+    /// A scenario whose plugin also reads objects of its related kind (one), from
+    /// `related`, a cache the test feeds.
+    fn with((sandbox, plugin): (Sandbox, Plugin), related: Option<&super::related::Feed>) -> Self {
         let store = Store::new();
         let (client, calls) = store.client();
         let info = plugin.info().clone();
@@ -93,7 +101,7 @@ impl Scenario {
             feed.list([]);
         }
         let own_writes = Arc::new(OwnWrites::default());
-        let ctx = Context::new(
+        let mut ctx = Context::new(
             plugin.clone(),
             ClusterWrites::new(client, &info.parent, &info.name, WriteFence::default()),
             ChildKinds::new(&info.children),
@@ -102,6 +110,11 @@ impl Scenario {
             Arc::new(Metrics::with_sandbox(sandbox.metrics())),
             Duration::from_secs(600),
         );
+        if let Some(feed) = related {
+            let (subscriber, changes) = feed.subscribe();
+            std::mem::forget(changes);
+            ctx = ctx.with_related(vec![(feed.cache(), subscriber)]);
+        }
         let parents = fake_api::path(
             &info.parent.api_version(),
             &info.parent.plural,
@@ -652,4 +665,103 @@ async fn a_child_kind_is_watched_while_a_running_plugin_declares_it() {
         w.stop().await;
         assert!(caches.children.watched().is_empty());
     }
+}
+
+/// A PostgreSQL instance Pod as the related cache shows it.
+fn instance_pod(name: &str, ready: bool) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "resourceVersion": "1",
+                     "labels": {"app.kubernetes.io/name": "postgresql", "app.kubernetes.io/instance": "pg"}},
+        "status": {"podIP": "10.1.0.1",
+                   "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    }))
+    .unwrap()
+}
+
+fn topology_of(s: &Scenario) -> String {
+    let path = fake_api::path("v1", "configmaps", Some(NS), "pg-topology");
+    let cm = s.store.get(&path).expect("the topology ConfigMap");
+    cm["data"]["topology"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("epoch=") || l.starts_with("primary="))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The PostgreSQL plugin's failover decision, taken on caches that lag: another host
+/// (a leader before this one) already promoted pg-1 in epoch 2, which this host's
+/// ConfigMap cache does not show yet. Its own decision from the stale view (epoch 2,
+/// pg-2) is refused by the API server, since it carries the version it observed, and
+/// nothing else is written; on the caught-up view it takes no decision at all.
+#[tokio::test]
+async fn a_failover_decision_is_never_taken_on_a_stale_cache() {
+    let kind = crate::contract::KindRef {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "Pod".into(),
+        plural: "pods".into(),
+        namespaced: true,
+    };
+    let mut pods = super::related::Feed::new(&kind);
+    pods.list(["pg-0", "pg-1", "pg-2"].map(|n| instance_pod(n, true)));
+    let mut s = Scenario::with(
+        load_file(capstan_e2e::operator::plugin("postgresql")),
+        Some(&pods),
+    );
+    let pg = s.create(
+        "pg",
+        json!({"instances": 3, "version": "16.15", "storage": {"size": "1Gi"},
+               "synchronous": true, "failoverDelay": 0}),
+    );
+    for _ in 0..3 {
+        s.reconcile(&pg).await;
+        s.catch_up();
+    }
+    assert_eq!(topology_of(&s), "epoch=1 primary=pg-0");
+    assert_eq!(
+        s.store.get(&pg).unwrap()["status"]["currentPrimary"],
+        "pg-0"
+    );
+
+    // Meanwhile, elsewhere: pg-0 was lost and another host named pg-1 (epoch 2). This
+    // host's ConfigMap cache still shows epoch 1; its Pod cache shows pg-0 and pg-1 not
+    // ready, pg-2 ready (pg-1 is being promoted).
+    let topology = fake_api::path("v1", "configmaps", Some(NS), "pg-topology");
+    s.store.update(&topology, |cm| {
+        let text = cm["data"]["topology"]
+            .as_str()
+            .unwrap()
+            .replace("epoch=1\nprimary=pg-0\n", "epoch=2\nprimary=pg-1\n");
+        cm["data"]["topology"] = json!(text);
+    });
+    pods.applied(instance_pod("pg-0", false));
+    pods.applied(instance_pod("pg-1", false));
+    let mark = s.mark();
+    s.reconcile(&pg).await;
+    s.reconcile(&pg).await;
+    assert_eq!(
+        topology_of(&s),
+        "epoch=2 primary=pg-1",
+        "the other host's decision stands"
+    );
+    let writes = s.writes_since(mark);
+    assert!(
+        writes.iter().all(|w| w == "write configmaps/pg-topology"),
+        "a refused decision writes nothing else: {writes:?}"
+    );
+    assert!(
+        !writes.is_empty(),
+        "the stale decision was sent, and refused (the store is unchanged)"
+    );
+
+    // Caught up: epoch 2 names pg-1, which is being promoted; nothing to decide (the
+    // ConfigMap may be applied once more, unchanged, at the version now observed).
+    s.catch_up();
+    s.reconcile(&pg).await;
+    assert_eq!(topology_of(&s), "epoch=2 primary=pg-1");
+    assert_eq!(s.store.get(&pg).unwrap()["status"]["targetPrimary"], "pg-1");
+    assert_eq!(s.store.get(&pg).unwrap()["status"]["epoch"], 2);
 }
