@@ -857,6 +857,9 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 110
+# How often each pod is synced, which bounds how soon a ConfigMap volume shows a change
+# (the PostgreSQL plugin's topology, docs/postgresql.md): 1m by default.
+syncFrequency: 10s
 "#,
         ca = pki("ca.crt"),
         serving_crt = pki("kubelet-serving.crt"),
