@@ -533,6 +533,17 @@ promote_step() {
 	WAITING=''
 }
 
+# Whether this data served as a primary and was not rewound onto another's timeline
+# since: promoted (or initialized) here, or a primary from before the agent existed.
+served_as_primary() {
+	[ -e "$promoted_file" ] || [ ! -e "$PGDATA/standby.signal" ]
+}
+
+# Whether the topology's primary answers as a primary.
+primary_serving() {
+	[ "$(peer_sql "$T_PRIMARY" 'SELECT pg_is_in_recovery()' || true)" = f ]
+}
+
 # Whether this instance was promoted (or initialized) for the epoch in T_EPOCH. Data of
 # epoch 1 without the record was initialized before the agent existed: instance 0 was
 # the only primary there ever was.
@@ -562,6 +573,18 @@ agent_loop() {
 				fi
 				if [ "$ADOPTED_NOW" = 1 ] || ! grep -qF "capstan.epoch = '$T_EPOCH'" "$PGDATA/$agent_conf" ||
 					! grep -qF "synchronous_standby_names = $(conf_quote "$(sync_names)")" "$PGDATA/$agent_conf"; then
+					write_agent_conf ''
+					reload
+				fi
+			elif served_as_primary; then
+				# A deposed primary, detached until it can rejoin: its data may hold
+				# what the others lack (they may catch up from it), and may have
+				# diverged from the new timeline.
+				if [ "$T_PRIMARY" = "$POD_NAME" ] || primary_serving; then
+					stop_postgres
+					start_again "epoch $T_EPOCH: $T_PRIMARY is the primary"
+				fi
+				if [ "$ADOPTED_NOW" = 1 ]; then
 					write_agent_conf ''
 					reload
 				fi
@@ -627,16 +650,27 @@ run() {
 	fi
 	own_pgdata
 	write_hba "$PGDATA"
-	if [ ! -e "$PGDATA/standby.signal" ]; then
-		# This data last served as a primary.
+	if served_as_primary; then
 		if [ "$T_PRIMARY" != "$POD_NAME" ]; then
-			rejoin
+			if primary_serving; then
+				rejoin
+			else
+				# Deposed before the new primary serves: a standby of nothing meanwhile
+				# (the agent rejoins once the new primary serves).
+				touch "$PGDATA/standby.signal"
+				write_agent_conf ''
+				log "starting the deposed primary $POD_NAME detached, until $T_PRIMARY serves (epoch $T_EPOCH)"
+				start_postgres
+				wait_started || die "postgres did not start"
+				agent_loop
+			fi
 		elif ! primary_of_epoch; then
 			may_resume_as_primary
 			printf '%s\n' "$T_EPOCH" >"$promoted_file"
 		fi
 	fi
-	if [ "$T_PRIMARY" = "$POD_NAME" ] && [ ! -e "$PGDATA/standby.signal" ]; then
+	if [ "$T_PRIMARY" = "$POD_NAME" ] && served_as_primary; then
+		rm -f "$PGDATA/standby.signal"
 		start_local "$PGDATA"
 		ensure_roles
 		stop_local "$PGDATA"
@@ -658,10 +692,12 @@ run() {
 	agent_loop
 }
 
-# Readiness: answers, in the role of the adopted epoch.
+# Readiness: answers, in the role of the adopted epoch (a deposed primary waiting to
+# rejoin is not ready: it must not be routed to, nor promoted).
 probe_ready() {
 	pg_isready -q -h "$PG_SOCKET_DIR" -p "$PG_PORT" || exit 1
 	read_topology "$adopted_file" || exit 1
+	[ "$T_PRIMARY" = "$POD_NAME" ] || [ ! -e "$promoted_file" ] || exit 1
 	local recovering
 	recovering=$(local_sql 'SELECT pg_is_in_recovery()') || exit 1
 	if [ "$T_PRIMARY" = "$POD_NAME" ]; then [ "$recovering" = f ]; else [ "$recovering" = t ]; fi

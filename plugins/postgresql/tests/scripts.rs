@@ -1002,6 +1002,41 @@ fn failover_switchover_and_rejoin_lose_no_acknowledged_commit() {
         "pg-1:streaming:quorum,pg-2:streaming:quorum"
     );
 
+    // A switchover while pg-2 is down: pg-0 steps down and, until pg-1 serves, stays a
+    // standby of nothing, which pg-1 counts (it follows the new epoch) and may catch up
+    // from; then pg-0 rewinds and follows pg-1.
+    phase("an older epoch ignored");
+    pg2.stop();
+    topology.epoch = 4;
+    topology.primary = "pg-1";
+    instances.publish(&topology, &["pg-0", "pg-1"]);
+    eventually("pg-1 promoted with pg-2 down", || {
+        (tools.in_recovery(ports[1]) == Some(false)).then_some(())
+    });
+    eventually("pg-0 streams from pg-1", || {
+        (tools.replication(&pg1) == "pg-0:streaming:quorum").then_some(())
+    });
+    id += 1;
+    assert!(tools.insert_acked(ports[1], id, WAIT), "confirmed by pg-0");
+    acked.push(id);
+    assert!(
+        pg0.log().contains("starting the deposed primary pg-0 detached"),
+        "{}",
+        pg0.log()
+    );
+    // pg-2 comes back, with the topology its kubelet shows it now.
+    instances.publish(&topology, &["pg-2"]);
+    let pg2 = instances.start_restarting("pg-2 again", "pg-2", ports[2]);
+    eventually("pg-0 and pg-2 stream from pg-1", || {
+        (tools.replication(&pg1) == "pg-0:streaming:quorum,pg-2:streaming:quorum").then_some(())
+    });
+    for port in ports {
+        eventually("every instance has every acknowledged row", || {
+            (tools.acked(port).ok()? == acked).then_some(())
+        });
+    }
+    phase("switchover with a standby down done");
+
     for server in [&pg0, &pg1, &pg2] {
         let log = server.log();
         for secret in [APP_PASSWORD, REPLICATION_PASSWORD] {
@@ -1012,7 +1047,7 @@ fn failover_switchover_and_rejoin_lose_no_acknowledged_commit() {
             );
         }
     }
-    pg2.stop();
+    drop(pg2);
     pg1.stop();
     pg0.stop();
 }
