@@ -1020,7 +1020,8 @@ fn failover_switchover_and_rejoin_lose_no_acknowledged_commit() {
     assert!(tools.insert_acked(ports[1], id, WAIT), "confirmed by pg-0");
     acked.push(id);
     assert!(
-        pg0.log().contains("starting the deposed primary pg-0 detached"),
+        pg0.log()
+            .contains("starting the deposed primary pg-0 detached"),
         "{}",
         pg0.log()
     );
