@@ -395,7 +395,9 @@ impl Instance<'_> {
         if restarting {
             cmd.args([
                 "-c",
-                "trap 'exit 0' INT TERM; while :; do bash \"$0\"; echo \"restart-loop: exited $?\" >&2; sleep 1; done",
+                // The entrypoint exits 0 only when stopped by a signal: then the loop
+                // ends too (bash does not act on a SIGINT its child handled).
+                "while :; do bash \"$0\" && exit 0; echo \"restart-loop: exited $?\" >&2; sleep 1; done",
             ]);
         }
         cmd.arg(entrypoint)
