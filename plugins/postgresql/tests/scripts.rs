@@ -198,6 +198,9 @@ struct Server {
     data_dirs: Vec<PathBuf>,
     log: PathBuf,
     stopped: bool,
+    /// For an instance under a restart loop: created before stopping it, so that the
+    /// loop starts nothing again (whatever the entrypoint's exit status).
+    stop_file: Option<PathBuf>,
 }
 
 impl Server {
@@ -227,6 +230,7 @@ impl Server {
             data_dirs: vec![pgdata.to_path_buf(), staging],
             log,
             stopped: false,
+            stop_file: None,
         }
     }
 
@@ -274,6 +278,9 @@ impl Server {
     fn stop(&mut self) {
         if std::mem::replace(&mut self.stopped, true) {
             return;
+        }
+        if let Some(file) = &self.stop_file {
+            fs::write(file, "").unwrap();
         }
         let group = format!("-{}", self.child.id());
         if self.child.try_wait().ok().flatten().is_none() {
@@ -395,9 +402,9 @@ impl Instance<'_> {
         if restarting {
             cmd.args([
                 "-c",
-                // The entrypoint exits 0 only when stopped by a signal: then the loop
-                // ends too (bash does not act on a SIGINT its child handled).
-                "while :; do bash \"$0\" && exit 0; echo \"restart-loop: exited $?\" >&2; sleep 1; done",
+                // Ends once the harness asks (bash does not act on a SIGINT its
+                // child handled, so the signal alone would not end it).
+                "while [ ! -e \"$RESTART_STOP_FILE\" ]; do bash \"$0\"; s=$?; [ ! -e \"$RESTART_STOP_FILE\" ] || exit 0; echo \"restart-loop: exited $s\" >&2; sleep 1; done",
             ]);
         }
         cmd.arg(entrypoint)
@@ -418,7 +425,12 @@ impl Instance<'_> {
             .env("WAL_KEEP_SIZE", "64MB")
             .env("BASEBACKUP_ATTEMPTS", "3");
         let log = home.join(format!("log-{name}").replace(' ', "-"));
-        Server::spawn(name, cmd, port, socket, &pgdata, log)
+        let stop_file = home.join("stop-requested");
+        let _ = fs::remove_file(&stop_file);
+        cmd.env("RESTART_STOP_FILE", &stop_file);
+        let mut server = Server::spawn(name, cmd, port, socket, &pgdata, log);
+        server.stop_file = restarting.then_some(stop_file);
+        server
     }
 }
 
