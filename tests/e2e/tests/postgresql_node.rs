@@ -47,10 +47,10 @@ const INSTANCES: &str = "app.kubernetes.io/name=postgresql,app.kubernetes.io/ins
 /// through it; a host that stops first would leave the other's conversions failing.
 static TURNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn patch_spec(client: &Client, ns: &str, spec: Value) {
+async fn patch_spec(client: &Client, ns: &str, name: &str, spec: Value) {
     Api::<DynamicObject>::namespaced_with(client.clone(), ns, &postgres_kind())
         .patch(
-            "pg",
+            name,
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": spec})),
         )
@@ -225,7 +225,7 @@ async fn a_postgresql_cluster_replicates_scales_upgrades_restarts_and_restores_f
         .unwrap_or_else(|e| fail(e));
 
     // 3 → 1 → 3: the standbys come back, copy the primary again and stream.
-    patch_spec(&client, &ns, json!({"replicas": 1})).await;
+    patch_spec(&client, &ns, "pg", json!({"replicas": 1})).await;
     await_ready_pods(&client, &ns, INSTANCES, &instance_names(1), T)
         .await
         .unwrap_or_else(|e| fail(e));
@@ -233,7 +233,7 @@ async fn a_postgresql_cluster_replicates_scales_upgrades_restarts_and_restores_f
     client_sql_retried(&ns, None, "insert into t values (2, 'while alone')")
         .await
         .unwrap_or_else(|e| fail(e));
-    patch_spec(&client, &ns, json!({"replicas": 3})).await;
+    patch_spec(&client, &ns, "pg", json!({"replicas": 3})).await;
     await_ready_pods(&client, &ns, INSTANCES, &instance_names(3), T)
         .await
         .unwrap_or_else(|e| fail(e));
@@ -243,7 +243,7 @@ async fn a_postgresql_cluster_replicates_scales_upgrades_restarts_and_restores_f
         .unwrap_or_else(|e| fail(e));
 
     // A minor version change rolls every instance onto the new image; the data stays.
-    patch_spec(&client, &ns, json!({"version": NEW})).await;
+    patch_spec(&client, &ns, "pg", json!({"version": NEW})).await;
     wait_for(&format!("every instance on postgres:{NEW}"), T, || async {
         let pods = await_ready_pods(
             &client,
@@ -789,7 +789,7 @@ async fn failover_and_switchover_under_load_lose_no_acknowledged_commit() {
 
     // Switchover back to ha-0 through spec.primary.
     let asked = unix_now();
-    patch_spec_of(&client, &ns, "ha", json!({"primary": "ha-0"})).await;
+    patch_spec(&client, &ns, "ha", json!({"primary": "ha-0"})).await;
     wait_for("ha-0 primary", T, || async {
         let current = status_of(&client, &ns, "currentPrimary").await;
         let recovery = superuser_sql(
@@ -826,17 +826,6 @@ async fn failover_and_switchover_under_load_lose_no_acknowledged_commit() {
     );
     drop(op);
     namespace.delete(T).await.unwrap();
-}
-
-async fn patch_spec_of(client: &Client, ns: &str, name: &str, spec: Value) {
-    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &postgres_kind())
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": spec})),
-        )
-        .await
-        .unwrap();
 }
 
 /// `wasm` with a custom section appended: other bytes (so the host loads it as a new
