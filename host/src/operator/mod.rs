@@ -180,20 +180,27 @@ async fn run_with(
     if let Some(lock) = &lock {
         // A standby is a healthy, ready process: it just does not reconcile. It serves
         // the webhook, when its certificate is shared, since the webhook's Service sends
-        // requests to every ready replica.
-        metrics.set_ready();
+        // requests to every ready replica: then it is ready once it serves the plugins
+        // of the directory. The leader is ready once its registry has loaded them and
+        // told the API server about the webhook, so a finished rollout means that
+        // conversions and validations are answered.
         let standby = opts
             .registry
             .webhooks
             .clone()
             .filter(Webhooks::shares_certificate)
             .map(|w| {
+                let metrics = metrics.clone();
                 tokio::spawn(w.serve_standby(
                     opts.registry.dir.clone(),
                     sandbox.clone(),
                     opts.registry.poll_interval,
+                    move || metrics.set_ready(),
                 ))
             });
+        if standby.is_none() {
+            metrics.set_ready();
+        }
         let acquired = tokio::select! {
             _ = lock.acquire() => true,
             _ = &mut shutdown => false,

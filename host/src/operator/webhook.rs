@@ -306,15 +306,20 @@ impl Webhooks {
     /// A standby's loop, until the task is dropped: loads the plugins of `dir` that
     /// validate or convert (with their limits files) every `poll`, and serves them, so
     /// that the requests the Service sends to a standby are answered as the leader
-    /// would. Never writes to the cluster but the Secret, when it is missing.
+    /// would. Calls `ready` once, after the first pass that served every such plugin
+    /// of the directory: a replica is not Ready (in the Service's endpoints) before it
+    /// can answer. Never writes to the cluster but the Secret, when it is missing.
     pub async fn serve_standby(
         self,
         dir: PathBuf,
         sandbox: crate::plugin::Sandbox,
         poll: Duration,
+        ready: impl FnOnce() + Send + 'static,
     ) {
+        let mut ready = Some(ready);
         let mut seen: BTreeMap<PathBuf, (u64, SystemTime)> = BTreeMap::new();
         loop {
+            let mut served_all = true;
             let listed = list_wasm(&dir);
             for gone in seen
                 .keys()
@@ -347,7 +352,13 @@ impl Webhooks {
                     && let Err(e) = self.serve_only(&path, Some(&plugin)).await
                 {
                     warn!(file = %path.display(), "standby webhook: {e}");
+                    // Tried again at the next pass.
+                    seen.remove(&path);
+                    served_all = false;
                 }
+            }
+            if served_all && let Some(ready) = ready.take() {
+                ready();
             }
             tokio::time::sleep(poll).await;
         }

@@ -735,6 +735,59 @@ async fn a_standby_serves_with_the_shared_certificate_and_tells_the_api_server_n
     webhooks.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_is_ready_only_once_it_serves_the_plugins_of_the_directory() {
+    let (sandbox, _) = load("ticket");
+    let dir = std::env::temp_dir().join(format!("capstan-standby-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        capstan_e2e::operator::test_plugin("ticket"),
+        dir.join("ticket.wasm"),
+    )
+    .unwrap();
+    // The webhook's address is taken: the standby cannot serve, so it is not ready.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let (client, _) = fake_api::client(|call| match call.method {
+        http::Method::GET => fake_api::status(404, "NotFound", "none"),
+        _ => (200, call.body.clone()),
+    });
+    let mut opts = WebhookOptions::new(addr, Reach::Url("https://127.0.0.1:1".into()));
+    opts.secret = Some(("capstan-system".into(), "capstan-webhook-tls".into()));
+    let webhooks = Webhooks::new(client.clone(), client, opts);
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    let standby = tokio::spawn(webhooks.clone().serve_standby(
+        dir.clone(),
+        sandbox,
+        Duration::from_millis(50),
+        move || {
+            let _ = tx.send(());
+        },
+    ));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "ready while the webhook cannot listen"
+    );
+    assert!(webhooks.local_addr().await.is_none());
+    // Free: the next pass serves the plugin, and only then is the standby ready.
+    drop(taken);
+    tokio::time::timeout(Duration::from_secs(30), &mut rx)
+        .await
+        .expect("ready once it can serve")
+        .unwrap();
+    let (refused, _) = admit(
+        &webhooks,
+        TICKETS,
+        admission_review("CREATE", None, ticket(json!({"refuse": "standby says no"}))),
+    )
+    .await;
+    assert_eq!(refused["status"]["message"], "standby says no");
+    standby.abort();
+    webhooks.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The certificate the server presents now, DER.
 async fn presented(webhooks: &Webhooks) -> Vec<u8> {
     let addr = webhooks.local_addr().await.unwrap();
