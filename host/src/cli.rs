@@ -1,6 +1,7 @@
 //! Command-line interface of the `capstan` binary.
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -46,6 +47,45 @@ enum Command {
         /// asks for, as `capstan run` would serve them.
         #[arg(long)]
         related: Option<PathBuf>,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Show what a new version of a plugin would change, parent by parent, without
+    /// writing anything: children created, changed (field by field) and deleted, status
+    /// fields, failures; then `N parents: X unchanged, Y changed, Z failing`. Exits 0 when
+    /// nothing would change, 1 when something would, 2 on an error (as `kubectl diff`).
+    #[command(group(clap::ArgGroup::new("against_what").required(true).args(["against", "live"])))]
+    Plan {
+        /// The new version of the plugin (.wasm).
+        #[arg(long)]
+        plugin: PathBuf,
+        /// Compare with this version (.wasm) on the same observed state, read from
+        /// --parent, --observed and --related files: no cluster.
+        #[arg(long, requires = "parents")]
+        against: Option<PathBuf>,
+        /// Compare with the cluster: every parent of the plugin's kind and the children
+        /// it controls, each desired child applied as a dry run (`dryRun=All`).
+        #[arg(long)]
+        live: bool,
+        /// With --live: only the parents of this namespace.
+        #[arg(short = 'n', long, requires = "live")]
+        namespace: Option<String>,
+        /// With --against: a parent (YAML; a file may hold several); repeatable.
+        #[arg(long = "parent", requires = "against")]
+        parents: Vec<PathBuf>,
+        /// With --against: observed children (YAML); each goes to the parent its
+        /// controller ownerReference names (to the only parent, when there is one).
+        #[arg(long, requires = "against")]
+        observed: Option<PathBuf>,
+        /// With --against: related objects that exist (YAML).
+        #[arg(long, requires = "against")]
+        related: Option<PathBuf>,
+        /// With --live: path to a kubeconfig (default: $KUBECONFIG, ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// With --live: the kubeconfig context to use.
+        #[arg(long)]
+        context: Option<String>,
         #[command(flatten)]
         sandbox: SandboxArgs,
     },
@@ -351,7 +391,7 @@ pub fn init_tracing(cli: &Cli) {
 }
 
 /// Runs the parsed command.
-pub fn run(cli: Cli) -> Result<()> {
+pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run_operator(*args)?,
         Command::Render {
@@ -463,8 +503,130 @@ pub fn run(cli: Cli) -> Result<()> {
             let crd: serde_json::Value = serde_json::from_str(crd)?;
             print!("{}", serde_yaml_ng::to_string(&crd)?);
         }
+        Command::Plan {
+            plugin,
+            against,
+            live: _,
+            namespace,
+            parents,
+            observed,
+            related,
+            kubeconfig,
+            context,
+            sandbox,
+        } => {
+            let sandbox = sandbox.sandbox()?;
+            let new = sandbox.load_file_blocking(&plugin)?;
+            let outcomes = match against {
+                Some(old) => {
+                    let old = sandbox.load_file_blocking(&old)?;
+                    plan_against(
+                        &new,
+                        &old,
+                        &parents,
+                        observed.as_deref(),
+                        related.as_deref(),
+                    )?
+                }
+                None => {
+                    let runtime = tokio::runtime::Runtime::new()?;
+                    runtime.block_on(async {
+                        let (client, _) =
+                            kube_client(kubeconfig.as_deref(), context, &identity()).await?;
+                        anyhow::Ok(
+                            capstan::operator::preview::plan_live(
+                                &client,
+                                &new,
+                                namespace.as_deref(),
+                            )
+                            .await?,
+                        )
+                    })?
+                }
+            };
+            print!(
+                "{}",
+                capstan::diff::report(&new.info().parent.kind, &outcomes)
+            );
+            if capstan::diff::Summary::of(&outcomes).any() {
+                return Ok(ExitCode::from(1));
+            }
+        }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+impl Cli {
+    /// The exit status of a command that failed: 2 for `plan` (1 says that something
+    /// would change, as for `kubectl diff`), 1 for the others.
+    pub fn failure_code(&self) -> u8 {
+        match self.command {
+            Command::Plan { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// `capstan plan --against`: both versions rendered on each parent of the files, with
+/// the observed children and related objects given, and their plans compared.
+fn plan_against(
+    new: &Plugin,
+    old: &Plugin,
+    parent_files: &[PathBuf],
+    observed: Option<&Path>,
+    related: Option<&Path>,
+) -> Result<Vec<capstan::diff::ParentOutcome>> {
+    let mut parents = Vec::new();
+    for path in parent_files {
+        for parent in render::read_objects(path)? {
+            parents.push((path.display().to_string(), parent));
+        }
+    }
+    let observed = match observed {
+        Some(path) => render::read_objects(path)?,
+        None => Vec::new(),
+    };
+    let only = parents.len() == 1;
+    let now = capstan::plan::now();
+    let mut out = Vec::new();
+    for (source, parent) in parents {
+        let name = |p: &str| parent.pointer(p).and_then(serde_json::Value::as_str);
+        let (ns, parent_name) = (
+            name("/metadata/namespace").unwrap_or("default"),
+            name("/metadata/name").unwrap_or(""),
+        );
+        let mine: Vec<serde_json::Value> = observed
+            .iter()
+            .filter(|child| only || render::controlled_by(child, &parent))
+            .cloned()
+            .collect();
+        // Each version renders with its own reading of the inputs: their declared
+        // kinds (and so the children's kind indexes) may differ.
+        let render_with = |plugin: &Plugin| -> Result<capstan::plan::Plan, String> {
+            let mut state = render::observed_for(plugin, parent.clone(), &source, mine.clone())
+                .map_err(|e| e.to_string())?;
+            let existing = match related {
+                Some(path) => {
+                    render::read_related(plugin.info(), path).map_err(|e| e.to_string())?
+                }
+                None => Vec::new(),
+            };
+            render::customize(plugin, &mut state, &existing).map_err(|e| e.to_string())?;
+            render::render(plugin, &state, &now)
+                .map(|r| r.plan)
+                .map_err(|e| e.to_string())
+        };
+        let (old_plan, new_plan) = (render_with(old), render_with(new));
+        let outcome = capstan::diff::compare_plans(
+            old_plan.as_ref().map_err(String::as_str),
+            new_plan.as_ref().map_err(String::as_str),
+        );
+        out.push(capstan::diff::ParentOutcome {
+            parent: format!("{ns}/{parent_name}"),
+            outcome,
+        });
+    }
+    Ok(out)
 }
 
 /// `capstan precompile`: loads every plugin of `plugins` with `out` as the compile

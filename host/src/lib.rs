@@ -10,6 +10,7 @@
 
 pub mod contract;
 pub mod convert;
+pub mod diff;
 pub mod operator;
 pub mod ownership;
 pub mod plan;

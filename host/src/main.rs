@@ -9,11 +9,12 @@ mod cli;
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(&args);
+    let failure = args.failure_code();
     match cli::run(args) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             eprintln!("capstan: {}", cli::one_line(&err));
-            ExitCode::FAILURE
+            ExitCode::from(failure)
         }
     }
 }

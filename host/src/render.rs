@@ -97,13 +97,24 @@ pub fn customize(
     let requests = plugin
         .customize_blocking(&observed.parent)?
         .map_err(RenderError::Customize)?;
-    let info = plugin.info();
-    validate::related_requests(info, &requests)?;
-    let namespace = observed
-        .parent
+    observed.related = select_related(plugin.info(), &observed.parent, existing, &requests)?;
+    Ok(requests)
+}
+
+/// The objects of `existing` that `requests` (a `customize` answer, checked here) select
+/// for `parent`, as `capstan run`'s caches select them: in the parent's namespace (for a
+/// namespaced kind), by name or by labels.
+pub fn select_related(
+    info: &PluginInfo,
+    parent: &Value,
+    existing: &[RelatedObject],
+    requests: &[RelatedRequest],
+) -> Result<Vec<RelatedObject>, RenderError> {
+    validate::related_requests(info, requests)?;
+    let namespace = parent
         .pointer("/metadata/namespace")
         .and_then(Value::as_str);
-    observed.related = existing
+    let selected: Vec<RelatedObject> = existing
         .iter()
         .filter(|o| {
             let kind = &info.related[o.kind_index as usize];
@@ -114,15 +125,15 @@ pub fn customize(
         })
         .cloned()
         .collect();
-    if observed.related.len() > validate::MAX_RELATED_OBJECTS {
+    if selected.len() > validate::MAX_RELATED_OBJECTS {
         return Err(Violation::TooLarge {
             what: "the related objects customize selected".into(),
-            size: observed.related.len(),
+            size: selected.len(),
             limit: validate::MAX_RELATED_OBJECTS,
         }
         .into());
     }
-    Ok(requests)
+    Ok(selected)
 }
 
 /// Whether a selector selects an object, the way the host's caches select it.
@@ -161,7 +172,6 @@ pub fn read_observed(
     parent_path: &Path,
     observed_path: Option<&Path>,
 ) -> Result<Observed, RenderError> {
-    let info = plugin.info();
     let mut parents = read_objects(parent_path)?;
     let name = parent_path.display().to_string();
     if parents.len() != 1 {
@@ -170,14 +180,33 @@ pub fn read_observed(
             reason: format!("expected exactly one object, found {}", parents.len()),
         });
     }
-    let mut parent = parents.remove(0);
+    let children = match observed_path {
+        Some(path) => read_objects(path)?,
+        None => Vec::new(),
+    };
+    let mut observed = observed_for(plugin, parents.remove(0), &name, Vec::new())?;
+    if let Some(path) = observed_path {
+        observed.children = observed_children(plugin.info(), children, path)?;
+    }
+    Ok(observed)
+}
+
+/// The observed state of `parent` (read from `source`) with `children` (objects of its
+/// declared child kinds), as [`read_observed`] makes it.
+pub fn observed_for(
+    plugin: &Plugin,
+    mut parent: Value,
+    source: &str,
+    children: Vec<Value>,
+) -> Result<Observed, RenderError> {
+    let info = plugin.info();
     let (api_version, kind) = type_of(&parent);
     let same_group =
         api_version.rsplit_once('/').map(|(group, _)| group) == Some(&info.parent.group);
     if info.conversion && kind == info.parent.kind && same_group {
         parent = crate::convert::convert(plugin, parent, &info.parent.version).map_err(|e| {
             RenderError::Input {
-                path: name.clone(),
+                path: source.to_string(),
                 reason: format!("cannot convert it to {}: {e}", info.parent.api_version()),
             }
         })?;
@@ -185,7 +214,7 @@ pub fn read_observed(
     let (api_version, kind) = type_of(&parent);
     if !info.parent.matches(&api_version, &kind) {
         return Err(RenderError::Input {
-            path: name,
+            path: source.to_string(),
             reason: format!(
                 "is a {kind}.{api_version}, but plugin {} reconciles {}",
                 info.name, info.parent
@@ -193,33 +222,59 @@ pub fn read_observed(
         });
     }
     fill_server_fields(&mut parent);
-    let mut children = Vec::new();
-    if let Some(path) = observed_path {
-        for object in read_objects(path)? {
-            let (api_version, kind) = type_of(&object);
-            let Some(index) = info
-                .children
-                .iter()
-                .position(|k| k.matches(&api_version, &kind))
-            else {
-                return Err(RenderError::Input {
-                    path: path.display().to_string(),
-                    reason: format!(
-                        "{kind}.{api_version} is not a child kind of plugin {}",
-                        info.name
-                    ),
-                });
-            };
-            children.push(ObservedChild {
-                kind_index: index as u32,
-                object,
-            });
-        }
-    }
+    let children = observed_children(info, children, Path::new(source))?;
     Ok(Observed {
         parent,
         children,
         related: Vec::new(),
+    })
+}
+
+fn observed_children(
+    info: &PluginInfo,
+    objects: Vec<Value>,
+    path: &Path,
+) -> Result<Vec<ObservedChild>, RenderError> {
+    let mut children = Vec::new();
+    for object in objects {
+        let (api_version, kind) = type_of(&object);
+        let Some(index) = info
+            .children
+            .iter()
+            .position(|k| k.matches(&api_version, &kind))
+        else {
+            return Err(RenderError::Input {
+                path: path.display().to_string(),
+                reason: format!(
+                    "{kind}.{api_version} is not a child kind of plugin {}",
+                    info.name
+                ),
+            });
+        };
+        children.push(ObservedChild {
+            kind_index: index as u32,
+            object,
+        });
+    }
+    Ok(children)
+}
+
+/// Whether `child`'s controller ownerReference names `parent` (its kind and name, in
+/// its namespace): how objects read from one file are matched to parents.
+pub fn controlled_by(child: &Value, parent: &Value) -> bool {
+    let field = |o: &Value, p: &str| o.pointer(p).and_then(Value::as_str).map(String::from);
+    let namespace = |o: &Value| field(o, "/metadata/namespace").unwrap_or_else(|| "default".into());
+    let controller = child
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .and_then(|refs| {
+            refs.iter()
+                .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+        });
+    controller.is_some_and(|r| {
+        field(r, "/kind") == field(parent, "/kind")
+            && field(r, "/name") == field(parent, "/metadata/name")
+            && namespace(child) == namespace(parent)
     })
 }
 

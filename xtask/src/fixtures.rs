@@ -121,3 +121,31 @@ fn extract(src: &Path) -> Result<()> {
     )?;
     Ok(())
 }
+
+/// The repository the PostgreSQL plugin's variant names its images from.
+pub const POSTGRES_MIRROR: &str = "mirror.example.com/library/postgres";
+
+/// Builds `out/postgresql-mirror.wasm`: today's PostgreSQL plugin with its images taken
+/// from [`POSTGRES_MIRROR`] (`CAPSTAN_POSTGRES_REPOSITORY`), the "new version" whose
+/// changes the tests of `capstan plan` show. A target directory of its own, so that the
+/// shipped plugin is not rebuilt back and forth with and without the variable.
+pub fn build_postgres_mirror(out: &Path) -> Result<()> {
+    let dir = target_dir().join("variants");
+    let status = cargo()
+        .args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])
+        .args(["--package", "capstan-plugin-postgresql"])
+        .env("CARGO_TARGET_DIR", &dir)
+        .env("CAPSTAN_POSTGRES_REPOSITORY", POSTGRES_MIRROR)
+        .current_dir(root())
+        .status()
+        .context("cannot start cargo for the PostgreSQL plugin's variant")?;
+    if !status.success() {
+        bail!(
+            "building the PostgreSQL plugin with its images from {POSTGRES_MIRROR} failed ({status})"
+        );
+    }
+    let from = dir.join("wasm32-wasip2/plugin/capstan_plugin_postgresql.wasm");
+    std::fs::copy(&from, out.join("postgresql-mirror.wasm"))
+        .with_context(|| format!("copy {}", from.display()))?;
+    Ok(())
+}

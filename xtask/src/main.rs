@@ -157,6 +157,8 @@ pub fn build_selected_plugins(tests: bool) -> Result<BuiltPlugins> {
     if tests {
         // The shipped plugins as built for contract 0.1.0, which the host still runs.
         fixtures::build_contract_0_1(&built.test_plugins)?;
+        // The PostgreSQL plugin with its images from a mirror (`capstan plan`'s tests).
+        fixtures::build_postgres_mirror(&built.test_plugins)?;
     }
     python::build_plugins(&built.plugins)?;
     if tests {

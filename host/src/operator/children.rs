@@ -508,7 +508,7 @@ fn watch_error_code(e: &watcher::Error) -> Option<u16> {
 
 /// Watch events of dynamic objects lack `apiVersion` and `kind` only when the server
 /// omits them; a plugin always sees both.
-fn with_type(mut obj: DynamicObject, ar: &ApiResource) -> DynamicObject {
+pub(super) fn with_type(mut obj: DynamicObject, ar: &ApiResource) -> DynamicObject {
     if obj.types.is_none() {
         obj.types = Some(kube::api::TypeMeta {
             api_version: ar.api_version.clone(),
@@ -538,7 +538,7 @@ fn controller_of(obj: &DynamicObject) -> Option<ControllerRef> {
         })
 }
 
-fn controller_uid(obj: &DynamicObject) -> Option<String> {
+pub(super) fn controller_uid(obj: &DynamicObject) -> Option<String> {
     obj.metadata
         .owner_references
         .iter()

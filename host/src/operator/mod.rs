@@ -16,6 +16,7 @@ mod metrics;
 mod parent;
 #[cfg(test)]
 mod pipeline_tests;
+pub mod preview;
 mod reconcile;
 mod registry;
 mod related;

@@ -182,9 +182,17 @@ impl Config {
     }
 }
 
+/// The repository of the official images: `postgres` (Docker Hub's), or the mirror named
+/// by `CAPSTAN_POSTGRES_REPOSITORY` when the plugin is built (the tests of `capstan plan`
+/// build a version of the plugin that differs by this alone).
+const REPOSITORY: &str = match option_env!("CAPSTAN_POSTGRES_REPOSITORY") {
+    Some(repository) => repository,
+    None => "postgres",
+};
+
 /// The official image of `version`, such as `postgres:16.15`.
 pub fn official_image(version: &Version) -> String {
-    format!("postgres:{version}")
+    format!("{REPOSITORY}:{version}")
 }
 
 impl Config {

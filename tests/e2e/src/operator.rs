@@ -38,6 +38,19 @@ pub fn plugin(name: &str) -> PathBuf {
     )
 }
 
+/// The `capstan` binary the tests run (`$CAPSTAN_BIN`, else target/debug/capstan).
+pub fn capstan_bin() -> PathBuf {
+    let bin = std::env::var_os("CAPSTAN_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/debug/capstan"));
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo xtask test`",
+        bin.display()
+    );
+    bin
+}
+
 /// A test plugin, e.g. `test_plugin("widget")`.
 pub fn test_plugin(name: &str) -> PathBuf {
     built(
@@ -178,14 +191,7 @@ impl Operator {
     }
 
     async fn spawn(&mut self) {
-        let bin = std::env::var_os("CAPSTAN_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root().join("target/debug/capstan"));
-        assert!(
-            bin.exists(),
-            "{} is missing: run the tests with `cargo xtask test`",
-            bin.display()
-        );
+        let bin = capstan_bin();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -97,6 +97,33 @@ impl ClusterWrites {
         child: &PlannedChild,
         observed: bool,
     ) -> Result<ChildOutcome> {
+        let (outcome, _) = self
+            .write_child(kinds, parent, child, observed, false)
+            .await?;
+        Ok(outcome)
+    }
+
+    /// [`Self::apply_child`] as a dry run (`dryRun=All`): the same requests, which the API
+    /// server validates, defaults and admits but does not store. Returns the outcome and,
+    /// when applied, the object as the apply would leave it (`capstan plan --live`).
+    pub async fn dry_run_child(
+        &self,
+        kinds: &ChildKinds,
+        parent: &DynamicObject,
+        child: &PlannedChild,
+        observed: bool,
+    ) -> Result<(ChildOutcome, Option<DynamicObject>)> {
+        self.write_child(kinds, parent, child, observed, true).await
+    }
+
+    async fn write_child(
+        &self,
+        kinds: &ChildKinds,
+        parent: &DynamicObject,
+        child: &PlannedChild,
+        observed: bool,
+        dry_run: bool,
+    ) -> Result<(ChildOutcome, Option<DynamicObject>)> {
         let (kind, ar) = &kinds.kinds[child.kind_index];
         let ns = child
             .manifest
@@ -105,10 +132,10 @@ impl ClusterWrites {
         let api = self.child_api(ar, kind.namespaced, ns);
         let action = || format!("apply {} {:?}", kind.kind, child.name);
         if observed {
-            return self.apply_owned(&api, child, action).await;
+            return self.apply_owned(&api, child, dry_run, action).await;
         }
         let create = || format!("create {} {:?}", kind.kind, child.name);
-        let taken = match self.create_child(&api, child, create).await {
+        let taken = match self.create_child(&api, child, dry_run, create).await {
             Err(e) if is_status(&e, 409) => e,
             created => return created,
         };
@@ -124,17 +151,20 @@ impl ClusterWrites {
         let parent_uid = parent.metadata.uid.as_deref().unwrap_or_default();
         let adoption = ownership::adoption_ref(&self.parent_kind, &parent.name_any());
         match ownership::ownership(&existing.metadata, parent_uid, &adoption) {
-            Ownership::Controlled => self.apply_owned(&api, child, action).await,
+            Ownership::Controlled => self.apply_owned(&api, child, dry_run, action).await,
             Ownership::Adoptable => {
-                self.apply_owned(&api, child, action).await?;
-                Ok(ChildOutcome::Adopted)
+                let (_, written) = self.apply_owned(&api, child, dry_run, action).await?;
+                Ok((ChildOutcome::Adopted, written))
             }
-            Ownership::Foreign { controller } => Ok(ChildOutcome::Conflict(OwnershipConflict {
-                kind: kind.kind.clone(),
-                name: child.name.clone(),
-                controller,
-                adoption,
-            })),
+            Ownership::Foreign { controller } => Ok((
+                ChildOutcome::Conflict(OwnershipConflict {
+                    kind: kind.kind.clone(),
+                    name: child.name.clone(),
+                    controller,
+                    adoption,
+                }),
+                None,
+            )),
         }
     }
 
@@ -146,23 +176,20 @@ impl ClusterWrites {
         &self,
         api: &Api<DynamicObject>,
         child: &PlannedChild,
+        dry_run: bool,
         action: impl FnOnce() -> String,
-    ) -> Result<ChildOutcome> {
+    ) -> Result<(ChildOutcome, Option<DynamicObject>)> {
         let mut manifest = child.manifest.clone();
         manifest["metadata"]["resourceVersion"] = json!(CREATE_ONLY);
+        let mut params = PatchParams::apply(&self.manager);
+        params.dry_run = dry_run;
         let written = self
             .write(
                 action,
-                api.patch(
-                    &child.name,
-                    &PatchParams::apply(&self.manager),
-                    &Patch::Apply(&manifest),
-                ),
+                api.patch(&child.name, &params, &Patch::Apply(&manifest)),
             )
             .await?;
-        Ok(ChildOutcome::Applied {
-            resource_version: written.metadata.resource_version,
-        })
+        Ok(applied(written))
     }
 
     /// Server-side applies, with force, a child this parent controls (or is adopting),
@@ -171,19 +198,26 @@ impl ClusterWrites {
         &self,
         api: &Api<DynamicObject>,
         child: &PlannedChild,
+        dry_run: bool,
         action: impl FnOnce() -> String,
-    ) -> Result<ChildOutcome> {
-        let params = PatchParams::apply(&self.manager).force();
+    ) -> Result<(ChildOutcome, Option<DynamicObject>)> {
+        let mut params = PatchParams::apply(&self.manager).force();
+        params.dry_run = dry_run;
         let written = self
             .write(
                 action,
                 api.patch(&child.name, &params, &Patch::Apply(&child.manifest)),
             )
             .await?;
-        Ok(ChildOutcome::Applied {
-            resource_version: written.metadata.resource_version,
-        })
+        Ok(applied(written))
     }
+}
+
+fn applied(written: DynamicObject) -> (ChildOutcome, Option<DynamicObject>) {
+    let outcome = ChildOutcome::Applied {
+        resource_version: written.metadata.resource_version.clone(),
+    };
+    (outcome, Some(written))
 }
 
 #[cfg(test)]
@@ -262,6 +296,44 @@ mod tests {
                 "the only write is create-only, refused for an existing object"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_dry_run_makes_the_same_requests_with_dry_run_and_returns_the_object() {
+        // Absent: the create-only apply, as a dry run.
+        let (writes, calls) = fake(server(None));
+        let (outcome, object) = writes
+            .dry_run_child(&configmaps(), &parent(), &child("c"), false)
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, ChildOutcome::Applied { .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(object.unwrap().metadata.name.as_deref(), Some("c"));
+        let create = &calls.all()[0];
+        assert!(create.has_query("dryRun=All"), "{}", create.query);
+        assert!(!create.has_query("force=true"), "{}", create.query);
+        // Observed: the forced apply, as a dry run.
+        let (writes, calls) = fake(server(Some(existing(Some("uid-w"), json!({})))));
+        writes
+            .dry_run_child(&configmaps(), &parent(), &child("c"), true)
+            .await
+            .unwrap();
+        let apply = &calls.all()[0];
+        assert!(apply.has_query("dryRun=All"), "{}", apply.query);
+        assert!(apply.has_query("force=true"), "{}", apply.query);
+        // A real apply never carries it.
+        let (writes, calls) = fake(server(None));
+        writes
+            .apply_child(&configmaps(), &parent(), &child("c"), false)
+            .await
+            .unwrap();
+        assert!(
+            !calls.all()[0].has_query("dryRun"),
+            "{}",
+            calls.all()[0].query
+        );
     }
 
     #[tokio::test]
