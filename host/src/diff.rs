@@ -243,7 +243,9 @@ pub fn report(kind: &str, outcomes: &[ParentOutcome]) -> String {
                     };
                     let _ = writeln!(out, "  {mark} {} {} ({what})", child.kind, child.name);
                     match &child.change {
-                        ChildChange::Changed(fields) => fields_into(&mut out, fields),
+                        ChildChange::Changed(fields) => {
+                            fields_into(&mut out, fields, child.kind == "Secret")
+                        }
                         ChildChange::Conflict(why) => {
                             let _ = writeln!(out, "      {why}");
                         }
@@ -252,7 +254,7 @@ pub fn report(kind: &str, outcomes: &[ParentOutcome]) -> String {
                 }
                 if !status.is_empty() {
                     let _ = writeln!(out, "  ~ status");
-                    fields_into(&mut out, status);
+                    fields_into(&mut out, status, false);
                 }
             }
         }
@@ -261,9 +263,20 @@ pub fn report(kind: &str, outcomes: &[ParentOutcome]) -> String {
     out
 }
 
-fn fields_into(out: &mut String, fields: &[FieldChange]) {
-    let show = |v: &Option<Value>| match v {
+/// Writes one line per field; a Secret's values (`data`, `stringData`) are never shown,
+/// only that they change, as `kubectl diff` masks them.
+fn fields_into(out: &mut String, fields: &[FieldChange], secret: bool) {
+    let hidden = |path: &str| {
+        secret
+            && ["data", "stringData"].iter().any(|p| {
+                path == *p
+                    || path.starts_with(&format!("{p}."))
+                    || path.starts_with(&format!("{p}["))
+            })
+    };
+    let show = |v: &Option<Value>, masked: bool| match v {
         None => "(absent)".to_string(),
+        Some(_) if masked => "***".to_string(),
         Some(v) => {
             let text = v.to_string();
             if text.len() > 120 {
@@ -274,13 +287,9 @@ fn fields_into(out: &mut String, fields: &[FieldChange]) {
         }
     };
     for f in fields {
-        let _ = writeln!(
-            out,
-            "      {}: {} -> {}",
-            f.path,
-            show(&f.old),
-            show(&f.new)
-        );
+        let masked = hidden(&f.path);
+        let (old, new) = (show(&f.old, masked), show(&f.new, masked));
+        let _ = writeln!(out, "      {}: {old} -> {new}", f.path);
     }
 }
 
@@ -478,5 +487,31 @@ mod tests {
             "Widget ns/b: changed\n  ~ ConfigMap ns/b (changed)\n      data.k: \"1\" -> \"2\"\n  - Secret ns/b-old (deleted)\nWidget ns/c: failing: reconcile failed: no\n3 parents: 1 unchanged, 1 changed, 1 failing\n"
         );
         assert!(!Summary::of(&outcomes[..1]).any());
+        // A Secret's values are never printed, only that they change.
+        let secret = ParentOutcome {
+            parent: "ns/d".into(),
+            outcome: Outcome::Changes {
+                children: vec![ChildOutcome {
+                    kind: "Secret".into(),
+                    name: "ns/d".into(),
+                    change: ChildChange::Changed(diff(
+                        &json!({"data": {"password": "czNjcjN0"}, "type": "Opaque"}),
+                        &json!({"data": {"password": "b3RoZXI=", "user": "YQ=="}, "type": "x"}),
+                    )),
+                }],
+                status: vec![],
+            },
+        };
+        let text = report("Widget", &[secret]);
+        assert!(
+            text.contains("data.password: *** -> ***\n")
+                && text.contains("data.user: (absent) -> ***\n")
+                && text.contains("type: \"Opaque\" -> \"x\"\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("czNjcjN0") && !text.contains("b3RoZXI="),
+            "{text}"
+        );
     }
 }

@@ -106,9 +106,10 @@ async fn plan_live_lists_every_cluster_a_new_image_would_touch_and_writes_nothin
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
-    // The host stops, so that no reconcile writes while the plans run: any change to a
-    // resourceVersion from here on would be a plan's.
-    drop(op);
+    // The host stops (its parents kept), so that no reconcile writes while the plans
+    // run: any change to a resourceVersion from here on would be a plan's.
+    let mut op = op;
+    op.terminate();
     let before = versions(&client, &ns.name).await;
 
     // The version that runs: nothing to change.
@@ -149,4 +150,6 @@ async fn plan_live_lists_every_cluster_a_new_image_would_touch_and_writes_nothin
         before,
         "a plan wrote to the cluster"
     );
+    // The host again, whose drop deletes the clusters through their teardown.
+    op.restart().await;
 }
