@@ -24,6 +24,7 @@ use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use super::reconcile::{self, Context};
 use super::related::{Key as RelatedKey, RelatedCache, RelatedCaches, RelatedWatch};
+use super::shadow::ShadowSlot;
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plugin::Plugin;
@@ -92,6 +93,7 @@ impl RunningController {
         metrics: Arc<Metrics>,
         caches: &Caches,
         opts: &ControllerOptions,
+        shadow: ShadowSlot,
     ) -> Self {
         let info = plugin.info().clone();
         // The related kinds first: a parent that goes away forgets its requests.
@@ -195,7 +197,8 @@ impl RunningController {
                 opts.default_resync,
             )
             .with_force_release(opts.force_release.clone())
-            .with_related(related_caches),
+            .with_related(related_caches)
+            .with_shadow(shadow),
         );
         let name = info.name.clone();
         let task = tokio::spawn(async move {

@@ -16,6 +16,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
+use super::shadow::Verdict;
 use crate::plugin::{Plugin, SandboxMetrics};
 
 /// The state of one plugin file, as `/plugins` reports it.
@@ -97,6 +98,27 @@ struct WatchError {
     code: String,
 }
 
+/// The parents `/plugins` lists per shadow (the first ones that diverge).
+const MAX_DIVERGENT: usize = 100;
+
+/// A shadow version and what it made of the reconciles it was called for.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ShadowReport {
+    /// Its file (`NAME.next.wasm`).
+    pub file: String,
+    /// Its sha256.
+    pub sha256: String,
+    /// Reconciles it answered as the serving version did.
+    pub agreed: u64,
+    /// Reconciles it answered otherwise.
+    pub diverged: u64,
+    /// Reconciles it failed (where the serving version did not).
+    pub failed: u64,
+    /// The parents whose last reconcile it answered otherwise, with the first difference
+    /// (at most 100; a parent it agrees on again leaves the list).
+    pub divergent: BTreeMap<String, String>,
+}
+
 /// Labels of a per-parent-kind series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -123,7 +145,10 @@ pub struct Metrics {
     watch_bytes: Family<WatchLabel, Counter>,
     shard_buckets: Gauge,
     orphaned_finalizers: Family<KindLabel, Gauge>,
+    shadow_reconciles: Family<PluginResult, Counter>,
     plugins: Mutex<BTreeMap<String, PluginState>>,
+    /// The shadow of each serving file that has one, for `/plugins`.
+    shadows: Mutex<BTreeMap<String, ShadowReport>>,
     ready: AtomicBool,
     /// Parts of the host that stopped and will not come back by themselves.
     failed: Mutex<BTreeMap<String, String>>,
@@ -214,6 +239,13 @@ impl Default for Metrics {
              the release, a lower bound while it is retried, 0 once every one was released",
             orphaned_finalizers.clone(),
         );
+        let shadow_reconciles = Family::<PluginResult, Counter>::default();
+        registry.register(
+            "capstan_shadow_reconciles",
+            "Reconciles a shadow version (NAME.next.wasm) was also called for, by serving \
+             plugin and verdict: agreed (the same children and status), diverged, failed",
+            shadow_reconciles.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -227,7 +259,9 @@ impl Default for Metrics {
             watch_bytes,
             shard_buckets,
             orphaned_finalizers,
+            shadow_reconciles,
             plugins: Mutex::default(),
+            shadows: Mutex::default(),
             ready: AtomicBool::new(false),
             failed: Mutex::default(),
             sandbox: None,
@@ -401,10 +435,65 @@ impl Metrics {
         out
     }
 
+    /// Records that `shadow` (its file and sha256) now shadows the serving `file`.
+    pub fn set_shadow(&self, file: &str, shadow: &str, sha256: &str) {
+        self.shadows.lock().expect("metrics lock").insert(
+            file.to_string(),
+            ShadowReport {
+                file: shadow.to_string(),
+                sha256: sha256.to_string(),
+                ..ShadowReport::default()
+            },
+        );
+    }
+
+    /// Forgets the shadow of `file`.
+    pub fn remove_shadow(&self, file: &str) {
+        self.shadows.lock().expect("metrics lock").remove(file);
+    }
+
+    /// Counts the verdict of the shadow of `file` (serving `plugin`) on `parent`.
+    pub fn shadow_judged(&self, file: &str, plugin: &str, parent: &str, verdict: &Verdict) {
+        let result = match verdict {
+            Verdict::Agreed => "agreed",
+            Verdict::Diverged(_) => "diverged",
+            Verdict::Failed(_) => "failed",
+        };
+        self.shadow_reconciles
+            .get_or_create(&PluginResult {
+                plugin: plugin.into(),
+                result: result.into(),
+            })
+            .inc();
+        let mut shadows = self.shadows.lock().expect("metrics lock");
+        let Some(report) = shadows.get_mut(file) else {
+            return;
+        };
+        let difference = match verdict {
+            Verdict::Agreed => {
+                report.agreed += 1;
+                report.divergent.remove(parent);
+                return;
+            }
+            Verdict::Diverged(first) => {
+                report.diverged += 1;
+                first.clone()
+            }
+            Verdict::Failed(why) => {
+                report.failed += 1;
+                format!("fails: {why}")
+            }
+        };
+        if report.divergent.len() < MAX_DIVERGENT || report.divergent.contains_key(parent) {
+            report.divergent.insert(parent.to_string(), difference);
+        }
+    }
+
     /// `/plugins` as JSON: every plugin file's state and, for a plugin serving, its
-    /// sandbox figures (calls by outcome, peak memory, output dropped).
+    /// sandbox figures (calls by outcome, peak memory, output dropped) and its shadow.
     pub fn plugins_json(&self) -> String {
         let plugins = self.plugins.lock().expect("metrics lock");
+        let shadows = self.shadows.lock().expect("metrics lock");
         let list: Vec<serde_json::Value> = plugins
             .values()
             .map(|state| {
@@ -412,6 +501,9 @@ impl Metrics {
                 if let (Some(sandbox), Some(name)) = (&self.sandbox, &state.name) {
                     value["sandbox"] =
                         serde_json::to_value(sandbox.summary(name)).unwrap_or_default();
+                }
+                if let Some(shadow) = shadows.get(&state.file) {
+                    value["shadow"] = serde_json::to_value(shadow).unwrap_or_default();
                 }
                 value
             })

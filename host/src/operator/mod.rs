@@ -20,6 +20,7 @@ pub mod preview;
 mod reconcile;
 mod registry;
 mod related;
+pub mod shadow;
 mod watch_client;
 pub mod webhook;
 

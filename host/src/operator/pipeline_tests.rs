@@ -23,9 +23,12 @@ use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::parent::CachedParent;
 use super::reconcile::{self, Context, FINALIZER, Tracked};
+use super::shadow::ShadowSlot;
 use crate::plugin::{Plugin, Sandbox, SandboxConfig};
 
 const NS: &str = "ns";
+/// The file a scenario's plugin is served from, as `/plugins` names it.
+const SERVING_FILE: &str = "/plugins/serving.wasm";
 
 /// The compile cache of these tests, shared by every test and every run (the cache
 /// evicts what it no longer needs): each plugin is compiled once, and each test loads
@@ -76,6 +79,8 @@ struct Scenario {
     own_writes: Arc<OwnWrites>,
     /// The collection of the parent kind in [`NS`].
     parents: String,
+    /// The shadow version's slot (empty unless a test fills it).
+    shadow: ShadowSlot,
 }
 
 impl Scenario {
@@ -115,6 +120,8 @@ impl Scenario {
             std::mem::forget(changes);
             ctx = ctx.with_related(vec![(feed.cache(), subscriber)]);
         }
+        let shadow = ShadowSlot::new(std::path::Path::new(SERVING_FILE));
+        ctx = ctx.with_shadow(shadow.clone());
         let parents = fake_api::path(
             &info.parent.api_version(),
             &info.parent.plural,
@@ -131,6 +138,7 @@ impl Scenario {
             shown: HashMap::new(),
             own_writes,
             parents,
+            shadow,
         }
     }
 
@@ -646,7 +654,14 @@ async fn a_child_kind_is_watched_while_a_running_plugin_declares_it() {
     let (_widget_sandbox, widget) = load("widget"); // ConfigMap, Service
     let (_guard_sandbox, guard) = load("guard"); // ConfigMap
     let start = |p: &Plugin| {
-        RunningController::start(client.clone(), p.clone(), metrics.clone(), &caches, &opts)
+        RunningController::start(
+            client.clone(),
+            p.clone(),
+            metrics.clone(),
+            &caches,
+            &opts,
+            Default::default(),
+        )
     };
     for _ in 0..50 {
         let w = start(&widget);
@@ -764,4 +779,63 @@ async fn a_failover_decision_is_never_taken_on_a_stale_cache() {
     assert_eq!(topology_of(&s), "epoch=2 primary=pg-1");
     assert_eq!(s.store.get(&pg).unwrap()["status"]["targetPrimary"], "pg-1");
     assert_eq!(s.store.get(&pg).unwrap()["status"]["epoch"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_version_is_compared_on_every_reconcile_and_never_applied() {
+    use capstan_e2e::operator::{plugin, uuid_other_build};
+    let s = Scenario::with(load_file(plugin("uuid")), None);
+    let metrics = s.ctx.metrics.clone();
+    metrics.set_plugin(super::metrics::PluginState::of(
+        std::path::Path::new(SERVING_FILE),
+        Some(&s.plugin),
+        None,
+    ));
+    // 100 Uuids; 99 reconciled by the serving version (they hold their UUID in the
+    // status), one not yet.
+    let names: Vec<String> = (0..100).map(|i| format!("u-{i:03}")).collect();
+    let paths: Vec<String> = names.iter().map(|n| s.create(n, json!({}))).collect();
+    for path in paths.iter().filter(|p| !p.ends_with("u-042")) {
+        s.reconcile(path).await;
+    }
+    // The same plugin built another way, as the shadow: it agrees wherever the status
+    // holds a UUID, and draws another one where it does not (on u-042).
+    let (_shadow_sandbox, shadow) = load_file(uuid_other_build());
+    assert_ne!(shadow.sha256(), s.plugin.sha256());
+    metrics.set_shadow(SERVING_FILE, "/plugins/serving.next.wasm", shadow.sha256());
+    s.shadow.set(Some(shadow));
+    let mark = s.mark();
+    for path in &paths {
+        s.reconcile(path).await;
+    }
+    // Written: only the serving version's status of u-042.
+    let writes = s.writes_since(mark);
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert!(writes[0].contains("u-042"), "{writes:?}");
+    let text = metrics.render();
+    for (result, count) in [("agreed", 99), ("diverged", 1)] {
+        let line = format!(
+            "capstan_shadow_reconciles_total{{plugin=\"uuid\",result=\"{result}\"}} {count}\n"
+        );
+        assert!(text.contains(&line), "{line} missing:\n{text}");
+    }
+    let plugins: Value = serde_json::from_str(&metrics.plugins_json()).unwrap();
+    let report = &plugins[0]["shadow"];
+    assert_eq!(report["file"], "/plugins/serving.next.wasm", "{plugins}");
+    assert_eq!(report["diverged"], 1, "{plugins}");
+    assert_eq!(
+        report["divergent"],
+        json!({"ns/u-042": "status.uuid"}),
+        "exactly that parent, with its first difference"
+    );
+    // Without the shadow: nothing is called or counted any more.
+    s.shadow.set(None);
+    for path in &paths[..3] {
+        s.reconcile(path).await;
+    }
+    assert!(
+        metrics
+            .render()
+            .contains("capstan_shadow_reconciles_total{plugin=\"uuid\",result=\"agreed\"} 99\n")
+    );
 }

@@ -21,6 +21,7 @@ use super::freshness::{AppliedChildren, CacheState, Expectations, OwnWrites, Wri
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use super::related::RelatedCache;
+use super::shadow::{self, ShadowSlot};
 use crate::contract::{ChildRef, Observed, ObservedChild, PluginError, RelatedObject, Selector};
 use crate::plan::{self, Plan};
 use crate::plugin::{CallError, Plugin};
@@ -58,6 +59,9 @@ pub struct Context {
     /// The caches of the related kinds, in the order of `PluginInfo::related`, each
     /// with this controller's subscription to it.
     related: Vec<(Arc<RelatedCache>, u64)>,
+    /// The plugin's shadow version, called with the same observed state and compared,
+    /// never applied (shadow mode).
+    shadow: ShadowSlot,
 }
 
 impl Context {
@@ -86,7 +90,15 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             force_release: ForceRelease::default(),
             related: Vec::new(),
+            shadow: ShadowSlot::default(),
         }
+    }
+
+    /// The same context, calling the shadow version `shadow` holds (if any) on every
+    /// reconcile too.
+    pub fn with_shadow(mut self, shadow: ShadowSlot) -> Self {
+        self.shadow = shadow;
+        self
     }
 
     /// The same context, reading related objects from `related` (one cache per related
@@ -509,7 +521,14 @@ async fn reconcile_live(
     };
     let desired = ctx.plugin.reconcile_async(&observed).await??;
     let plan = plan::plan(info, parent, desired, &plan::now())?;
-    apply_plan(obj, parent, &observed, plan, ctx).await
+    // The shadow's answer to the same state is compared with this plan, whatever the
+    // writes do: it judges the plugin's logic, not the API server's answers.
+    let served = ctx.shadow.get().is_some().then(|| plan.clone());
+    let applied = apply_plan(obj, parent, &observed, plan, ctx).await;
+    if let Some(served) = served {
+        shadow::shadow_reconcile(&ctx.shadow, &observed, &served, &ctx.plugin, &ctx.metrics).await;
+    }
+    applied
 }
 
 async fn apply_plan(

@@ -26,6 +26,7 @@ use tracing::{error, info, warn};
 use super::controller::{Caches, ControllerOptions, RunningController};
 use super::finalizers::{FinalizerRelease, kind_label};
 use super::metrics::{Metrics, PluginState};
+use super::shadow::{self, ShadowSlot};
 use super::webhook::Webhooks;
 use crate::contract::KindRef;
 use crate::plan::HOST_FIELD_MANAGER;
@@ -190,6 +191,10 @@ pub struct PluginRegistry {
     sandbox: Sandbox,
     /// Releases of the finalizers of kinds no plugin serves any more, by group and kind.
     releases: HashMap<ClaimKey, JoinHandle<()>>,
+    /// Shadow files (`NAME.next.wasm`): (size, mtime) and sha256 when last read.
+    shadow_files: BTreeMap<PathBuf, ((u64, SystemTime), String)>,
+    /// The shadow of each serving file, shared with its controller.
+    shadow_slots: BTreeMap<PathBuf, ShadowSlot>,
 }
 
 /// Compiles, links and describes a plugin from its bytes; `path` names them.
@@ -259,6 +264,8 @@ impl PluginRegistry {
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
             )),
             releases: HashMap::new(),
+            shadow_files: BTreeMap::new(),
+            shadow_slots: BTreeMap::new(),
         }
     }
 
@@ -353,6 +360,10 @@ impl PluginRegistry {
                 return false;
             }
         };
+        let (shadows, present): (BTreeMap<_, _>, BTreeMap<_, _>) = present
+            .into_iter()
+            .partition(|(path, _)| shadow::shadowed_by(path).is_some());
+        let shadows_settling = self.scan_shadows(shadows).await;
         let gone: Vec<PathBuf> = self
             .files
             .keys()
@@ -401,6 +412,86 @@ impl PluginRegistry {
             due.push(path);
         }
         self.load_all(due).await;
+        settling || shadows_settling
+    }
+
+    /// The shadow of the serving file `file`, shared with its controller.
+    fn shadow_slot(&mut self, file: &Path) -> ShadowSlot {
+        self.shadow_slots
+            .entry(file.to_path_buf())
+            .or_insert_with(|| ShadowSlot::new(file))
+            .clone()
+    }
+
+    /// Loads new or changed shadow files into the slots of the files they shadow, with
+    /// the limits of those files, and empties the slots of removed ones. Returns whether
+    /// a file is still settling. A shadow that does not load is logged and left out.
+    async fn scan_shadows(&mut self, present: BTreeMap<PathBuf, Listed>) -> bool {
+        let gone: Vec<PathBuf> = self
+            .shadow_files
+            .keys()
+            .filter(|p| !present.contains_key(*p))
+            .cloned()
+            .collect();
+        for path in gone {
+            self.shadow_files.remove(&path);
+            if let Some(file) = shadow::shadowed_by(&path) {
+                self.shadow_slot(&file).set(None);
+                self.metrics.remove_shadow(&file.display().to_string());
+                info!(shadow = %path.display(), "shadow version removed");
+            }
+        }
+        let mut settling = false;
+        for (path, Listed { stamp, .. }) in present {
+            let known = self.shadow_files.get(&path).cloned();
+            if known.as_ref().is_some_and(|(s, _)| *s == stamp) {
+                continue;
+            }
+            if stamp.1.elapsed().is_ok_and(|age| age < SETTLE) {
+                settling = true;
+                continue;
+            }
+            let Some(file) = shadow::shadowed_by(&path) else {
+                continue;
+            };
+            let bytes = match tokio::fs::read(&path).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    warn!(shadow = %path.display(), "cannot read the shadow version: {e}");
+                    continue;
+                }
+            };
+            let sha = sha256_hex(&bytes);
+            self.shadow_files.insert(path.clone(), (stamp, sha.clone()));
+            if known.is_some_and(|(_, s)| s == sha) {
+                continue;
+            }
+            let (load, shadow_file) = (self.load.clone(), path.clone());
+            let loaded = tokio::task::spawn_blocking(move || load(&bytes, &shadow_file)).await;
+            let slot = self.shadow_slot(&file);
+            match loaded {
+                Ok(Ok(plugin)) => {
+                    if let Ok(Some(limits)) = limits::read(&file, self.sandbox.config()) {
+                        plugin.set_limits(limits);
+                    }
+                    info!(shadow = %path.display(), file = %file.display(), sha256 = %plugin.sha256(), "shadow version loaded: called on every reconcile of the serving version, never applied");
+                    self.metrics.set_shadow(
+                        &file.display().to_string(),
+                        &path.display().to_string(),
+                        plugin.sha256(),
+                    );
+                    slot.set(Some(plugin));
+                }
+                Ok(Err(e)) => {
+                    warn!(shadow = %path.display(), "shadow version not loaded: {e}");
+                    slot.set(None);
+                    self.metrics.remove_shadow(&file.display().to_string());
+                }
+                Err(e) => {
+                    error!(shadow = %path.display(), "a shadow load task did not complete: {e}")
+                }
+            }
+        }
         settling
     }
 
@@ -543,12 +634,14 @@ impl PluginRegistry {
         } else {
             info!(file = %path.display(), plugin = %plugin.info().name, kind = %plugin.info().parent, "plugin loaded");
         }
+        let shadow = self.shadow_slot(path);
         let controller = RunningController::start(
             self.client.clone(),
             plugin.clone(),
             self.metrics.clone(),
             &self.caches,
             &self.opts.controller,
+            shadow,
         );
         let state = self.files.get_mut(path).expect("state exists");
         state.error = limits_error.clone();
@@ -1014,6 +1107,38 @@ mod tests {
         );
         assert_eq!(state(&metrics, &slow), (true, None));
         assert_eq!(state(&metrics, &fast), (true, None));
+        registry.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_next_file_is_the_shadow_of_its_namesake_not_a_second_claimant() {
+        let dir = tempfile::tempdir().unwrap();
+        let serving = install(dir.path(), "widget.wasm", "widget");
+        let next = install(dir.path(), "widget.next.wasm", "widget");
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let mut registry = registry(dir.path(), metrics.clone(), sandbox);
+        registry.scan().await;
+        assert_eq!(state(&metrics, &serving), (true, None));
+        let plugins: serde_json::Value = serde_json::from_str(&metrics.plugins_json()).unwrap();
+        assert_eq!(
+            plugins.as_array().unwrap().len(),
+            1,
+            "the shadow is no plugin file of its own: {plugins}"
+        );
+        assert_eq!(
+            plugins[0]["shadow"]["file"],
+            next.display().to_string(),
+            "{plugins}"
+        );
+        let slot = registry.shadow_slot(&serving);
+        assert!(slot.get().is_some(), "its controller calls it");
+        // Removed: the slot empties and /plugins no longer lists it.
+        std::fs::remove_file(&next).unwrap();
+        registry.scan().await;
+        assert!(slot.get().is_none());
+        let plugins: serde_json::Value = serde_json::from_str(&metrics.plugins_json()).unwrap();
+        assert!(plugins[0].get("shadow").is_none(), "{plugins}");
         registry.shutdown().await;
     }
 

@@ -542,6 +542,8 @@ fn list_wasm(dir: &Path) -> BTreeMap<PathBuf, (u64, SystemTime)> {
     entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "wasm"))
+        // A shadow version is never served: it only answers beside a reconcile.
+        .filter(|p| super::shadow::shadowed_by(p).is_none())
         .filter_map(|p| {
             let meta = std::fs::metadata(&p).ok().filter(|m| m.is_file())?;
             let stamp = (

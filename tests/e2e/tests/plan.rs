@@ -1,7 +1,9 @@
-//! `capstan plan --live` against the local control plane (kwok makes the pods Running
-//! and Ready): three PostgreSQL clusters reconciled by the shipped plugin; the same
-//! version plans no change, a version whose images come from a mirror lists every
-//! cluster with exactly its image fields, and nothing is written by either.
+//! `capstan plan --live` and shadow mode against the local control plane (kwok makes the
+//! pods Running and Ready). Plan: three PostgreSQL clusters reconciled by the shipped
+//! plugin; the same version plans no change, a version whose images come from a mirror
+//! lists every cluster with exactly its image fields, and nothing is written by either.
+//! Shadow: the mirror version as `postgresql.next.wasm` diverges on every cluster, on
+//! the image, and none of its images reaches the cluster.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -152,4 +154,95 @@ async fn plan_live_lists_every_cluster_a_new_image_would_touch_and_writes_nothin
     );
     // The host again, whose drop deletes the clusters through their teardown.
     op.restart().await;
+}
+
+#[tokio::test]
+async fn a_shadow_version_diverges_on_every_cluster_and_none_of_it_is_applied() {
+    let client = client().await;
+    let ns = TestNamespace::kwok(&client, "shadow").await;
+    let dir = tempfile::tempdir().unwrap();
+    let next = dir.path().join("postgresql.next.wasm");
+    std::fs::copy(test_plugin("postgresql-mirror"), &next).unwrap();
+    let op = Operator::start(&ns.name, &[&plugin("postgresql"), &next], &[]).await;
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns.name, &postgres_kind());
+    let clusters = ["x", "y"];
+    for name in clusters {
+        let pgc: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
+            "metadata": {"name": name},
+            "spec": {"replicas": 1, "version": "16.15", "storage": "1Gi"},
+        }))
+        .unwrap();
+        wait_for("the PostgreSQLCluster to be created", T, || {
+            let (api, pgc) = (api.clone(), pgc.clone());
+            async move { Ok(Some(api.create(&PostParams::default(), &pgc).await?)) }
+        })
+        .await
+        .unwrap();
+    }
+    let shadow = wait_for("the shadow to diverge on both clusters", T, || {
+        let op = &op;
+        async move {
+            let states = op.plugin_states().await?;
+            let shadow = states
+                .iter()
+                .find(|p| p["name"] == "postgresql")
+                .map(|p| p["shadow"].clone())
+                .unwrap_or_default();
+            let divergent = shadow["divergent"].as_object().map_or(0, |d| d.len());
+            Ok((divergent == clusters.len()).then_some(shadow))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    assert!(
+        shadow["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("postgresql.next.wasm"),
+        "{shadow}"
+    );
+    for name in clusters {
+        let first = shadow["divergent"][format!("{}/{name}", ns.name)]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(
+            first,
+            format!(
+                "StatefulSet {}/{name}: spec.template.spec.containers[name=postgres].image",
+                ns.name
+            ),
+            "{shadow}"
+        );
+    }
+    assert_eq!(shadow["failed"], 0, "{shadow}");
+    assert!(
+        op.counter("capstan_shadow_reconciles_total{plugin=\"postgresql\",result=\"diverged\"}")
+            .await
+            .unwrap()
+            >= 2
+    );
+    // The serving version's images only.
+    let statefulsets =
+        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), &ns.name);
+    for sts in statefulsets
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        let spec = sts.spec.template.spec.unwrap();
+        for container in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            assert_eq!(
+                container.image.as_deref(),
+                Some("postgres:16.15"),
+                "{:?}",
+                sts.metadata.name
+            );
+        }
+    }
 }
