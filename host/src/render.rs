@@ -59,20 +59,7 @@ pub struct Rendered {
 pub fn read_related(info: &PluginInfo, path: &Path) -> Result<Vec<RelatedObject>, RenderError> {
     let mut out = Vec::new();
     for mut object in read_objects(path)? {
-        let (api_version, kind) = type_of(&object);
-        let Some(index) = info
-            .related
-            .iter()
-            .position(|k| k.matches(&api_version, &kind))
-        else {
-            return Err(RenderError::Input {
-                path: path.display().to_string(),
-                reason: format!(
-                    "{kind}.{api_version} is not a related kind of plugin {}",
-                    info.name
-                ),
-            });
-        };
+        let index = declared(info, &info.related, "related", &object, path)?;
         if info.related[index].namespaced
             && let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut)
         {
@@ -237,26 +224,35 @@ fn observed_children(
 ) -> Result<Vec<ObservedChild>, RenderError> {
     let mut children = Vec::new();
     for object in objects {
-        let (api_version, kind) = type_of(&object);
-        let Some(index) = info
-            .children
-            .iter()
-            .position(|k| k.matches(&api_version, &kind))
-        else {
-            return Err(RenderError::Input {
-                path: path.display().to_string(),
-                reason: format!(
-                    "{kind}.{api_version} is not a child kind of plugin {}",
-                    info.name
-                ),
-            });
-        };
+        let index = declared(info, &info.children, "child", &object, path)?;
         children.push(ObservedChild {
             kind_index: index as u32,
             object,
         });
     }
     Ok(children)
+}
+
+/// The index of `object`'s kind among `kinds` (the plugin's declared `what` kinds), or
+/// an input error naming `path`.
+fn declared(
+    info: &PluginInfo,
+    kinds: &[crate::contract::KindRef],
+    what: &str,
+    object: &Value,
+    path: &Path,
+) -> Result<usize, RenderError> {
+    let (api_version, kind) = type_of(object);
+    kinds
+        .iter()
+        .position(|k| k.matches(&api_version, &kind))
+        .ok_or_else(|| RenderError::Input {
+            path: path.display().to_string(),
+            reason: format!(
+                "{kind}.{api_version} is not a {what} kind of plugin {}",
+                info.name
+            ),
+        })
 }
 
 /// Whether `child`'s controller ownerReference names `parent` (its kind and name, in

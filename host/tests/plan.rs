@@ -36,6 +36,27 @@ fn observed_after_render(dir: &Path) -> String {
     path.display().to_string()
 }
 
+/// `capstan plan --plugin NEW --against OLD --parent PARENT [--observed OBSERVED]`.
+fn plan_against(
+    new: &Path,
+    old: &Path,
+    parent: &Path,
+    observed: Option<&str>,
+) -> (Option<i32>, String, String) {
+    let mut args = vec![
+        "--plugin",
+        new.to_str().unwrap(),
+        "--against",
+        old.to_str().unwrap(),
+        "--parent",
+        parent.to_str().unwrap(),
+    ];
+    if let Some(observed) = observed {
+        args.extend(["--observed", observed]);
+    }
+    plan(&args)
+}
+
 fn plan(args: &[&str]) -> (Option<i32>, String, String) {
     let mut all = vec!["plan"];
     all.extend_from_slice(args);
@@ -52,16 +73,12 @@ fn a_version_that_changes_the_image_lists_exactly_the_image_fields() {
     let dir = tempfile::tempdir().unwrap();
     let observed = observed_after_render(dir.path());
     let sample = root().join("crds/samples/postgresqlcluster.yaml");
-    let (code, out, err) = plan(&[
-        "--plugin",
-        test_plugin("postgresql-mirror").to_str().unwrap(),
-        "--against",
-        plugin("postgresql").to_str().unwrap(),
-        "--parent",
-        sample.to_str().unwrap(),
-        "--observed",
-        &observed,
-    ]);
+    let (code, out, err) = plan_against(
+        &test_plugin("postgresql-mirror"),
+        &plugin("postgresql"),
+        &sample,
+        Some(&observed),
+    );
     assert_eq!(code, Some(1), "something changes: {out}{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "PostgreSQLCluster default/demo: changed", "{out}");
@@ -100,16 +117,7 @@ fn the_same_version_changes_nothing_and_exits_zero() {
     let observed = observed_after_render(dir.path());
     let sample = root().join("crds/samples/postgresqlcluster.yaml");
     let shipped = plugin("postgresql");
-    let (code, out, err) = plan(&[
-        "--plugin",
-        shipped.to_str().unwrap(),
-        "--against",
-        shipped.to_str().unwrap(),
-        "--parent",
-        sample.to_str().unwrap(),
-        "--observed",
-        &observed,
-    ]);
+    let (code, out, err) = plan_against(&shipped, &shipped, &sample, Some(&observed));
     assert_eq!(code, Some(0), "{out}{err}");
     assert_eq!(out, "1 parents: 1 unchanged, 0 changed, 0 failing\n");
 }
@@ -125,14 +133,12 @@ fn a_parent_the_new_version_refuses_is_failing() {
         "apiVersion: db.example.com/v1alpha1\nkind: PostgreSQLCluster\nmetadata: {name: bad}\nspec: {replicas: 99, version: \"16.15\", storage: 1Gi}\n",
     )
     .unwrap();
-    let (code, out, err) = plan(&[
-        "--plugin",
-        test_plugin("postgresql-mirror").to_str().unwrap(),
-        "--against",
-        plugin("postgresql").to_str().unwrap(),
-        "--parent",
-        parent.to_str().unwrap(),
-    ]);
+    let (code, out, err) = plan_against(
+        &test_plugin("postgresql-mirror"),
+        &plugin("postgresql"),
+        &parent,
+        None,
+    );
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(
         out.starts_with("PostgreSQLCluster default/bad: failing: "),
@@ -147,17 +153,12 @@ fn a_parent_the_new_version_refuses_is_failing() {
 #[test]
 fn bad_input_is_one_line_and_exit_status_two() {
     let missing = "/nonexistent/new.wasm";
-    let (code, out, err) = plan(&[
-        "--plugin",
-        missing,
-        "--against",
-        plugin("postgresql").to_str().unwrap(),
-        "--parent",
-        root()
-            .join("crds/samples/postgresqlcluster.yaml")
-            .to_str()
-            .unwrap(),
-    ]);
+    let (code, out, err) = plan_against(
+        Path::new(missing),
+        &plugin("postgresql"),
+        &root().join("crds/samples/postgresqlcluster.yaml"),
+        None,
+    );
     assert_eq!(code, Some(2), "{out}{err}");
     assert!(out.is_empty(), "{out}");
     assert_eq!(err.lines().count(), 1, "{err}");

@@ -71,13 +71,9 @@ async fn versions(client: &Client, ns: &str) -> BTreeMap<String, String> {
     out
 }
 
-#[tokio::test]
-async fn plan_live_lists_every_cluster_a_new_image_would_touch_and_writes_nothing() {
-    let client = client().await;
-    let ns = TestNamespace::kwok(&client, "plan").await;
-    let op = Operator::start(&ns.name, &[&plugin("postgresql")], &[]).await;
-    let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns.name, &postgres_kind());
-    for name in CLUSTERS {
+/// Creates a one-instance PostgreSQL 16.15 cluster of each name.
+async fn create_clusters(api: &Api<DynamicObject>, names: &[&str]) {
+    for name in names {
         let pgc: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
             "metadata": {"name": name},
@@ -91,6 +87,15 @@ async fn plan_live_lists_every_cluster_a_new_image_would_touch_and_writes_nothin
         .await
         .unwrap();
     }
+}
+
+#[tokio::test]
+async fn plan_live_lists_every_cluster_a_new_image_would_touch_and_writes_nothing() {
+    let client = client().await;
+    let ns = TestNamespace::kwok(&client, "plan").await;
+    let op = Operator::start(&ns.name, &[&plugin("postgresql")], &[]).await;
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns.name, &postgres_kind());
+    create_clusters(&api, &CLUSTERS).await;
     wait_for("every cluster Running", T, || {
         let api = api.clone();
         async move {
@@ -166,20 +171,7 @@ async fn a_shadow_version_diverges_on_every_cluster_and_none_of_it_is_applied() 
     let op = Operator::start(&ns.name, &[&plugin("postgresql"), &next], &[]).await;
     let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns.name, &postgres_kind());
     let clusters = ["x", "y"];
-    for name in clusters {
-        let pgc: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
-            "metadata": {"name": name},
-            "spec": {"replicas": 1, "version": "16.15", "storage": "1Gi"},
-        }))
-        .unwrap();
-        wait_for("the PostgreSQLCluster to be created", T, || {
-            let (api, pgc) = (api.clone(), pgc.clone());
-            async move { Ok(Some(api.create(&PostParams::default(), &pgc).await?)) }
-        })
-        .await
-        .unwrap();
-    }
+    create_clusters(&api, &clusters).await;
     let shadow = wait_for("the shadow to diverge on both clusters", T, || {
         let op = &op;
         async move {

@@ -706,13 +706,7 @@ async fn a_standby_serves_with_the_shared_certificate_and_tells_the_api_server_n
     assert!(webhooks.shares_certificate());
     let file = Path::new("/plugins/ticket.wasm");
     webhooks.serve_only(file, Some(&plugin)).await.unwrap();
-    let (refused, _) = admit(
-        &webhooks,
-        TICKETS,
-        admission_review("CREATE", None, ticket(json!({"refuse": "standby says no"}))),
-    )
-    .await;
-    assert_eq!(refused["status"]["message"], "standby says no");
+    assert_refuses_as_the_plugin_says(&webhooks).await;
     let summary = calls.summary();
     assert_eq!(
         summary,
@@ -776,16 +770,21 @@ async fn a_standby_is_ready_only_once_it_serves_the_plugins_of_the_directory() {
         .await
         .expect("ready once it can serve")
         .unwrap();
+    assert_refuses_as_the_plugin_says(&webhooks).await;
+    standby.abort();
+    webhooks.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A ticket the plugin refuses is refused with its message: the webhook serves it.
+async fn assert_refuses_as_the_plugin_says(webhooks: &Webhooks) {
     let (refused, _) = admit(
-        &webhooks,
+        webhooks,
         TICKETS,
         admission_review("CREATE", None, ticket(json!({"refuse": "standby says no"}))),
     )
     .await;
     assert_eq!(refused["status"]["message"], "standby says no");
-    standby.abort();
-    webhooks.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The certificate the server presents now, DER.
