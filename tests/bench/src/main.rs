@@ -29,7 +29,8 @@ struct Args {
     /// converges.
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (restart, uuid, widget, memory, hot-reload, shards).
+    /// Run only these scenarios (restart, uuid, widget, memory, hot-reload, shards,
+    /// shadow).
     #[arg(long = "only", value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -63,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
                 "memory" => bench.memory().await?,
                 "hot-reload" => bench.hot_reload().await?,
                 "shards" => bench.shards().await?,
+                "shadow" => bench.shadow().await?,
                 other => anyhow::bail!("unknown scenario {other:?}"),
             }
         }

@@ -42,6 +42,8 @@ struct Sizes {
     reload_trials: usize,
     /// (Uuids, Widgets) of the sharding scenario.
     shards: (usize, usize),
+    /// Widgets of the shadow scenario.
+    shadow: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -50,6 +52,7 @@ const FULL: Sizes = Sizes {
     memory: (5000, 1000),
     reload_trials: 3,
     shards: (3000, 300),
+    shadow: 1000,
 };
 
 const QUICK: Sizes = Sizes {
@@ -58,6 +61,7 @@ const QUICK: Sizes = Sizes {
     memory: (50, 30),
     reload_trials: 1,
     shards: (60, 15),
+    shadow: 30,
 };
 
 /// The resources the Widget scenario's operator works on: the parents (and their
@@ -105,7 +109,8 @@ impl Bench {
         self.widget().await?;
         self.memory().await?;
         self.hot_reload().await?;
-        self.shards().await
+        self.shards().await?;
+        self.shadow().await
     }
 
     fn converge_timeout(&self, n: usize) -> Duration {
@@ -415,38 +420,8 @@ impl Bench {
         let load = procfs::load_average();
         let mut results: Vec<Converge> = Vec::new();
         for &n in self.sizes.widgets {
-            let ns = BenchNamespace::create(&self.client, &format!("widget-{n}")).await?;
-            let kind = objects::widget_kind();
-            let api = ns.api(&kind);
-            let created =
-                objects::create_parents(&api, &kind, "w", n, &json!({"count": 2})).await?;
-            let mut converged = Converged::watch(api, objects::widget_settled).await?;
             let name = format!("widget-{n}");
-            let dir = self.plugin_dir(&name, &[&self.widget_wasm()])?;
-            let requests_before =
-                RequestCounts::read_settled(&self.client, WIDGET_RESOURCES, CLEANUP).await;
-            let before = self.control_plane.usage();
-            let mut op = self.start_capstan(&dir, &ns, &name, None)?;
-            converged
-                .wait_for(n, self.converge_timeout(3 * n), || op.alive())
-                .await?;
-            let mut result = Converge::measure(
-                Subject::Capstan,
-                n,
-                created,
-                &op,
-                &self.control_plane,
-                before,
-            )
-            .await;
-            if let Some(before) = requests_before {
-                result.api_requests = RequestCounts::read(&self.client, WIDGET_RESOURCES)
-                    .await
-                    .map(|after| after.since(&before));
-            }
-            results.push(result);
-            op.kill();
-            ns.delete(CLEANUP).await?;
+            results.push(self.widget_once(n, &name, &[&self.widget_wasm()]).await?);
         }
         let mut table = Table::new(
             "Widget: N parents x 2 ConfigMaps until all Ready with their children seen",
@@ -509,6 +484,107 @@ impl Bench {
         }
         table.print();
         report::write_json(&self.cfg.out, "widget", self.cfg.quick, load, &results)
+    }
+
+    /// N Widgets (two ConfigMaps each) converged by capstan serving `plugins`; the
+    /// requests the API server answered for them meanwhile.
+    async fn widget_once(&self, n: usize, name: &str, plugins: &[&Path]) -> Result<Converge> {
+        let ns = BenchNamespace::create(&self.client, name).await?;
+        let kind = objects::widget_kind();
+        let api = ns.api(&kind);
+        let created = objects::create_parents(&api, &kind, "w", n, &json!({"count": 2})).await?;
+        let mut converged = Converged::watch(api, objects::widget_settled).await?;
+        let dir = self.plugin_dir(name, plugins)?;
+        let requests_before =
+            RequestCounts::read_settled(&self.client, WIDGET_RESOURCES, CLEANUP).await;
+        let before = self.control_plane.usage();
+        let mut op = self.start_capstan(&dir, &ns, name, None)?;
+        converged
+            .wait_for(n, self.converge_timeout(3 * n), || op.alive())
+            .await?;
+        let mut result = Converge::measure(
+            Subject::Capstan,
+            n,
+            created,
+            &op,
+            &self.control_plane,
+            before,
+        )
+        .await;
+        if let Some(before) = requests_before {
+            result.api_requests = RequestCounts::read(&self.client, WIDGET_RESOURCES)
+                .await
+                .map(|after| after.since(&before));
+        }
+        op.kill();
+        ns.delete(CLEANUP).await?;
+        Ok(result)
+    }
+
+    /// Shadow mode: the same N Widgets converged without a shadow, then with the same
+    /// plugin as `widget.next.wasm` (it agrees on every reconcile): what the shadow's
+    /// extra call costs in host CPU and memory, and that it makes no API request.
+    pub async fn shadow(&self) -> Result<()> {
+        let load = procfs::load_average();
+        let n = self.sizes.shadow;
+        let widget = self.widget_wasm();
+        let next = self.cfg.out.join("work").join("widget.next.wasm");
+        std::fs::create_dir_all(self.cfg.out.join("work"))
+            .map_err(|e| setup("create", &next, e))?;
+        std::fs::copy(&widget, &next).map_err(|e| setup("copy to", &next, e))?;
+        let without = self
+            .widget_once(n, &format!("shadow-off-{n}"), &[&widget])
+            .await?;
+        let with = self
+            .widget_once(n, &format!("shadow-on-{n}"), &[&widget, &next])
+            .await?;
+        let mut table = Table::new(
+            "Shadow mode: N Widgets without and with a shadow version (the same plugin as widget.next.wasm)",
+            &[
+                "N",
+                "shadow",
+                "converged",
+                "host CPU",
+                "CPU with/without",
+                "peak RSS",
+                "reconciles",
+                "shadow verdicts",
+                "mean reconcile",
+                "API requests/parent",
+                "by verb",
+            ],
+        );
+        for (label, r) in [("no", &without), ("yes", &with)] {
+            let ratio = match label {
+                "yes" => format!("{:.2}", with.cpu_seconds / without.cpu_seconds),
+                _ => String::new(),
+            };
+            table.row(vec![
+                r.n.to_string(),
+                label.into(),
+                secs(r.converge_seconds),
+                secs(r.cpu_seconds),
+                ratio,
+                mib(r.peak_rss_mib),
+                r.reconciles_text(),
+                r.shadow_text(),
+                r.mean_reconcile_ms
+                    .map(|ms| format!("{ms:.1} ms"))
+                    .unwrap_or_default(),
+                r.requests_per_parent()
+                    .map(|per| format!("{per:.2}"))
+                    .unwrap_or_else(|| "not read".into()),
+                r.requests_by_verb_text(),
+            ]);
+        }
+        table.print();
+        report::write_json(
+            &self.cfg.out,
+            "shadow",
+            self.cfg.quick,
+            load,
+            &[without, with],
+        )
     }
 
     /// Memory: one capstan with both shipped plugins and the widget plugin, serving
@@ -756,6 +832,9 @@ struct Converge {
     reconciles: BTreeMap<String, u64>,
     /// capstan_status_writes_total (capstan only).
     status_writes: Option<u64>,
+    /// capstan_shadow_reconciles_total by verdict (with a shadow version only).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    shadow: BTreeMap<String, u64>,
     /// Mean of capstan_reconcile_duration_seconds (capstan only).
     mean_reconcile_ms: Option<f64>,
     /// Requests the API server answered meanwhile for the scenario's resources, by verb
@@ -790,13 +869,17 @@ impl Converge {
                 })
                 .collect()
         };
-        let reconciles = series("capstan_reconciles_total{")
-            .into_iter()
-            .filter_map(|(labels, v)| {
-                let result = labels.split("result=\"").nth(1)?.split('"').next()?;
-                Some((result.to_string(), v as u64))
-            })
-            .collect();
+        let by_result = |name: &str| -> BTreeMap<String, u64> {
+            series(name)
+                .into_iter()
+                .filter_map(|(labels, v)| {
+                    let result = labels.split("result=\"").nth(1)?.split('"').next()?;
+                    Some((result.to_string(), v as u64))
+                })
+                .collect()
+        };
+        let reconciles = by_result("capstan_reconciles_total{");
+        let shadow = by_result("capstan_shadow_reconciles_total{");
         let total = |name: &str| -> Option<f64> {
             let values = series(name);
             (!values.is_empty()).then(|| values.iter().map(|(_, v)| v).sum())
@@ -815,6 +898,7 @@ impl Converge {
             apiserver_cpu_seconds: after.0 - before.0,
             etcd_cpu_seconds: after.1 - before.1,
             reconciles,
+            shadow,
             status_writes: total("capstan_status_writes_total{").map(|v| v as u64),
             mean_reconcile_ms,
             api_requests: None,
@@ -825,6 +909,14 @@ impl Converge {
     fn requests_per_parent(&self) -> Option<f64> {
         let requests = self.api_requests.as_ref()?;
         Some(requests.values().sum::<u64>() as f64 / self.n as f64)
+    }
+
+    fn shadow_text(&self) -> String {
+        self.shadow
+            .iter()
+            .map(|(verdict, n)| format!("{verdict} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn requests_by_verb_text(&self) -> String {
