@@ -588,6 +588,15 @@ fn plan_against(
     };
     let only = parents.len() == 1;
     let now = capstan::plan::now();
+    // Read once per version: their declared related kinds (and indexes) may differ. A
+    // file one version cannot read fails that version's render of every parent.
+    let existing = |plugin: &Plugin| -> Result<Vec<_>, String> {
+        match related {
+            Some(path) => render::read_related(plugin.info(), path).map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
+        }
+    };
+    let (old_existing, new_existing) = (existing(old), existing(new));
     let mut out = Vec::new();
     for (source, parent) in parents {
         let name = |p: &str| parent.pointer(p).and_then(serde_json::Value::as_str);
@@ -602,21 +611,21 @@ fn plan_against(
             .collect();
         // Each version renders with its own reading of the inputs: their declared
         // kinds (and so the children's kind indexes) may differ.
-        let render_with = |plugin: &Plugin| -> Result<capstan::plan::Plan, String> {
+        let render_with = |plugin: &Plugin,
+                           existing: &Result<Vec<_>, String>|
+         -> Result<capstan::plan::Plan, String> {
+            let existing = existing.as_ref().map_err(String::clone)?;
             let mut state = render::observed_for(plugin, parent.clone(), &source, mine.clone())
                 .map_err(|e| e.to_string())?;
-            let existing = match related {
-                Some(path) => {
-                    render::read_related(plugin.info(), path).map_err(|e| e.to_string())?
-                }
-                None => Vec::new(),
-            };
-            render::customize(plugin, &mut state, &existing).map_err(|e| e.to_string())?;
+            render::customize(plugin, &mut state, existing).map_err(|e| e.to_string())?;
             render::render(plugin, &state, &now)
                 .map(|r| r.plan)
                 .map_err(|e| e.to_string())
         };
-        let (old_plan, new_plan) = (render_with(old), render_with(new));
+        let (old_plan, new_plan) = (
+            render_with(old, &old_existing),
+            render_with(new, &new_existing),
+        );
         let outcome = capstan::diff::compare_plans(
             old_plan.as_ref().map_err(String::as_str),
             new_plan.as_ref().map_err(String::as_str),

@@ -308,21 +308,29 @@ pub fn comparable_status(status: &Value) -> Value {
     status
 }
 
-/// The key of a child manifest across two plugin versions (whose declared kinds may
-/// differ): kind, apiVersion's group, namespace and name.
-fn manifest_key(manifest: &Value) -> (String, String, String) {
-    let field = |p: &str| {
-        manifest
-            .pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    let name = match field("/metadata/namespace") {
-        ns if ns.is_empty() => field("/metadata/name"),
+/// `namespace/name` of an object, or `name` for a cluster-scoped one: how `capstan
+/// plan` and shadow mode name parents and children.
+pub fn qualified_name(object: &Value) -> String {
+    let field = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
+    match field("/metadata/namespace") {
+        "" => field("/metadata/name").to_string(),
         ns => format!("{ns}/{}", field("/metadata/name")),
-    };
-    (field("/kind"), field("/apiVersion"), name)
+    }
+}
+
+/// The key of a child manifest across two plugin versions (whose declared kinds may
+/// differ): kind, API group (not version: the same object in another version is the
+/// same object) and qualified name.
+fn manifest_key(manifest: &Value) -> (String, String, String) {
+    let field = |p: &str| manifest.pointer(p).and_then(Value::as_str).unwrap_or("");
+    let group = field("/apiVersion")
+        .rsplit_once('/')
+        .map_or("", |(group, _)| group);
+    (
+        field("/kind").to_string(),
+        group.to_string(),
+        qualified_name(manifest),
+    )
 }
 
 /// What the new answer would change compared with the old one, both plans made from the

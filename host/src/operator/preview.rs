@@ -170,7 +170,7 @@ async fn plan_parent(
             .await
             .map_err(|e| e.to_string())?;
         let kind = info.children[child.kind_index].kind.clone();
-        let name = qualified(&child.manifest);
+        let name = diff::qualified_name(&child.manifest);
         let change = match (outcome, before, after) {
             (ChildOutcome::Conflict(conflict), _, _) => ChildChange::Conflict(conflict.to_string()),
             (_, Some(before), Some(after)) => {
@@ -192,7 +192,7 @@ async fn plan_parent(
         {
             changes.push(diff::ChildOutcome {
                 kind: info.children[*index].kind.clone(),
-                name: qualified(&serde_json::to_value(object).unwrap_or_default()),
+                name: diff::qualified_name(&serde_json::to_value(object).unwrap_or_default()),
                 change: ChildChange::Deleted,
             });
         }
@@ -220,13 +220,4 @@ async fn plan_parent(
 /// An object as JSON without what the API server sets on every write.
 fn comparable(object: &DynamicObject) -> Value {
     diff::without_server_fields(serde_json::to_value(object).unwrap_or_default())
-}
-
-/// `namespace/name` of a manifest, or `name`.
-fn qualified(manifest: &Value) -> String {
-    let field = |p: &str| manifest.pointer(p).and_then(Value::as_str).unwrap_or("");
-    match field("/metadata/namespace") {
-        "" => field("/metadata/name").to_string(),
-        ns => format!("{ns}/{}", field("/metadata/name")),
-    }
 }

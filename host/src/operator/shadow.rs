@@ -9,7 +9,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::contract::Observed;
@@ -129,7 +128,7 @@ pub async fn shadow_reconcile(
     let Some(shadow) = slot.get() else {
         return;
     };
-    let parent = parent_name(&observed.parent);
+    let parent = diff::qualified_name(&observed.parent);
     let (kind, shadow_kind) = (&serving.info().parent, &shadow.info().parent);
     let verdict = if (&kind.group, &kind.kind) != (&shadow_kind.group, &shadow_kind.kind) {
         Verdict::Failed(format!("it reconciles {shadow_kind}, not {kind}"))
@@ -147,14 +146,6 @@ pub async fn shadow_reconcile(
         }
     }
     metrics.shadow_judged(slot.file(), serving, &parent, &verdict);
-}
-
-fn parent_name(parent: &Value) -> String {
-    let field = |p: &str| parent.pointer(p).and_then(Value::as_str).unwrap_or("");
-    match field("/metadata/namespace") {
-        "" => field("/metadata/name").to_string(),
-        ns => format!("{ns}/{}", field("/metadata/name")),
-    }
 }
 
 #[cfg(test)]
