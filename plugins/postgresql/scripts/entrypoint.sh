@@ -92,6 +92,9 @@ uptime_seconds() {
 PG_PORT=${PG_PORT:-5432}
 PG_LISTEN_ADDRESSES=${PG_LISTEN_ADDRESSES:-*}
 PG_SOCKET_DIR=${PG_SOCKET_DIR:-/var/run/postgresql}
+# Where local_sql connects: the server's socket, or the maintenance server's.
+SQL_SOCKET_DIR=$PG_SOCKET_DIR
+maintenance_socket_dir=$PG_SOCKET_DIR/maintenance
 WAL_KEEP_SIZE=${WAL_KEEP_SIZE:-256MB}
 BASEBACKUP_ATTEMPTS=${BASEBACKUP_ATTEMPTS:-60}
 AGENT_INTERVAL=${AGENT_INTERVAL:-1}
@@ -204,7 +207,7 @@ sync_names() {
 
 # psql as the superuser through this instance's socket.
 local_sql() {
-	timeout "$PEER_TIMEOUT" psql -X -q -At -v ON_ERROR_STOP=1 -h "$PG_SOCKET_DIR" -p "$PG_PORT" \
+	timeout "$PEER_TIMEOUT" psql -X -q -At -v ON_ERROR_STOP=1 -h "$SQL_SOCKET_DIR" -p "$PG_PORT" \
 		-U postgres -d postgres -c "$1"
 }
 
@@ -307,13 +310,19 @@ EOF
 
 # Starts a server on $1 reachable only through the Unix socket, for setup. No standby
 # can reach it, so its commits must not wait for one.
+# A server for maintenance (roles, passwords): no TCP, and its socket in a directory of
+# its own, so that neither clients nor the readiness probe reach it (a primary would
+# otherwise be ready while it is about to stop and start again).
 start_local() {
+	mkdir -p "$maintenance_socket_dir"
+	SQL_SOCKET_DIR=$maintenance_socket_dir
 	pg_ctl -D "$1" -w -t 300 -s \
-		-o "-p $PG_PORT -c listen_addresses= -c unix_socket_directories='$PG_SOCKET_DIR' -c synchronous_standby_names=" start
+		-o "-p $PG_PORT -c listen_addresses= -c unix_socket_directories='$maintenance_socket_dir' -c synchronous_standby_names=" start
 }
 
 stop_local() {
 	pg_ctl -D "$1" -w -t 300 -s -m fast stop
+	SQL_SOCKET_DIR=$PG_SOCKET_DIR
 }
 
 # PostgreSQL refuses a data directory that its group can write, and the kubelet gives
@@ -361,7 +370,7 @@ GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text, bigint, bigint, b
 SELECT format('CREATE DATABASE %I OWNER %I', :'app_database', :'app_user')
   WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'app_database') \gexec
 SQL
-	} | psql -X -q -v ON_ERROR_STOP=1 -h "$PG_SOCKET_DIR" -p "$PG_PORT" -U postgres -d postgres >/dev/null
+	} | psql -X -q -v ON_ERROR_STOP=1 -h "$SQL_SOCKET_DIR" -p "$PG_PORT" -U postgres -d postgres >/dev/null
 }
 
 initialize() {

@@ -407,12 +407,37 @@ impl Instance<'_> {
                 "while [ ! -e \"$RESTART_STOP_FILE\" ]; do bash \"$0\"; s=$?; [ ! -e \"$RESTART_STOP_FILE\" ] || exit 0; echo \"restart-loop: exited $s\" >&2; sleep 1; done",
             ]);
         }
-        cmd.arg(entrypoint)
-            .env("POD_NAME", pod)
-            .env("PGDATA", &pgdata)
+        cmd.arg(entrypoint);
+        self.environment(&mut cmd, pod, port, app_password);
+        let log = home.join(format!("log-{name}").replace(' ', "-"));
+        let stop_file = home.join("stop-requested");
+        let _ = fs::remove_file(&stop_file);
+        cmd.env("RESTART_STOP_FILE", &stop_file);
+        let mut server = Server::spawn(name, cmd, port, socket, &pgdata, log);
+        server.stop_file = restarting.then_some(stop_file);
+        server
+    }
+
+    /// Runs the entrypoint's probe `command` (`ready` or `live`) for the instance `pod`,
+    /// as its kubelet would: whether it passes.
+    fn probe(&self, command: &str, pod: &str, port: u16) -> bool {
+        let mut cmd = self.tools.unprivileged("bash");
+        cmd.arg(self.scripts.join(scripts::ENTRYPOINT_FILE))
+            .arg(command)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.environment(&mut cmd, pod, port, APP_PASSWORD);
+        cmd.status().unwrap().success()
+    }
+
+    /// The environment the StatefulSet gives the instance `pod`.
+    fn environment(&self, cmd: &mut Command, pod: &str, port: u16, app_password: &str) {
+        let home = self.root.join(pod);
+        cmd.env("POD_NAME", pod)
+            .env("PGDATA", home.join("pgdata"))
             .env("PG_PORT", port.to_string())
             .env("PG_LISTEN_ADDRESSES", "127.0.0.1")
-            .env("PG_SOCKET_DIR", &socket)
+            .env("PG_SOCKET_DIR", home.join("socket"))
             .env("TOPOLOGY_FILE", self.topology_file(pod))
             .env("AGENT_INTERVAL", "0.3")
             .env("PEER_TIMEOUT", "2")
@@ -424,13 +449,6 @@ impl Instance<'_> {
             .env("REPLICATION_PASSWORD", REPLICATION_PASSWORD)
             .env("WAL_KEEP_SIZE", "64MB")
             .env("BASEBACKUP_ATTEMPTS", "3");
-        let log = home.join(format!("log-{name}").replace(' ', "-"));
-        let stop_file = home.join("stop-requested");
-        let _ = fs::remove_file(&stop_file);
-        cmd.env("RESTART_STOP_FILE", &stop_file);
-        let mut server = Server::spawn(name, cmd, port, socket, &pgdata, log);
-        server.stop_file = restarting.then_some(stop_file);
-        server
     }
 }
 
@@ -1065,4 +1083,64 @@ fn failover_switchover_and_rejoin_lose_no_acknowledged_commit() {
     drop(pg2);
     pg1.stop();
     pg0.stop();
+}
+
+/// A primary that starts again on its data first sets its roles and passwords on a
+/// maintenance server, stops it and starts the real one. Its readiness probe must fail
+/// until the real one serves: once the probe passes, postgres answers for good (the
+/// end-to-end test saw a Pod Ready whose server then said "the database system is
+/// starting up").
+#[test]
+fn a_restarting_primary_is_ready_only_once_it_serves_for_good() {
+    let tools = Toolbox::find();
+    let (_tmp, root, scripts_dir) = workspace(&tools);
+    let instances = Instance {
+        tools: &tools,
+        scripts: &scripts_dir,
+        root: &root,
+    };
+    let port = free_port();
+    let topology = Topology {
+        epoch: 1,
+        primary: "pg-0",
+        synchronous: 0,
+        members: vec![("pg-0", port)],
+    };
+    instances.publish(&topology, &["pg-0"]);
+    let mut first = instances.start("first start", "pg-0", port, APP_PASSWORD);
+    assert!(instances.probe("ready", "pg-0", port), "{}", first.log());
+    first.stop();
+    assert!(
+        !instances.probe("ready", "pg-0", port),
+        "stopped, yet ready"
+    );
+
+    // The kubelet probes every second; here as fast as the probe runs, so that a pass
+    // during the maintenance server's short life is caught.
+    let mut again = instances.spawn("second start", "pg-0", port, APP_PASSWORD, false);
+    let deadline = Instant::now() + WAIT;
+    while !instances.probe("ready", "pg-0", port) {
+        assert!(
+            Instant::now() < deadline,
+            "not ready within {WAIT:?}: {}",
+            again.log()
+        );
+        assert!(
+            again.child.try_wait().unwrap().is_none(),
+            "the entrypoint exited: {}",
+            again.log()
+        );
+    }
+    let ready_at = Instant::now();
+    while ready_at.elapsed() < Duration::from_secs(3) {
+        assert!(
+            instances.probe("ready", "pg-0", port),
+            "ready, then not ready {:?} later: the probe passed before the server that \
+             stays; the entrypoint's log:\n{}",
+            ready_at.elapsed(),
+            again.log()
+        );
+    }
+    assert_eq!(tools.in_recovery(port), Some(false), "{}", again.log());
+    again.stop();
 }
