@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use capstan::operator::canary::CanaryPolicy;
 use capstan::operator::{
     self, ControllerOptions, ForceRelease, LeaderElectionOptions, OperatorOptions, PendingReleases,
     Reach, RegistryOptions, ShardOptions, WebhookOptions, WriteFence,
@@ -232,7 +233,54 @@ struct RunArgs {
     #[command(flatten)]
     webhook: WebhookArgs,
     #[command(flatten)]
+    canary: CanaryArgs,
+    #[command(flatten)]
     sandbox: SandboxArgs,
+}
+
+/// Canary rollout of a new plugin version (docs/rollout.md).
+#[derive(Debug, Args)]
+struct CanaryArgs {
+    /// A `NAME.next.wasm` beside `NAME.wasm` serves a share of the parents (by a hash of
+    /// their UID) that steps up on a schedule, and is rolled back automatically when it
+    /// fails more than the serving version (default: it only shadows).
+    #[arg(long, env = "CAPSTAN_CANARY")]
+    canary: bool,
+    /// The shares of parents the candidate serves, in percent, one per step, ending at 100.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "10,25,50,100",
+        requires = "canary"
+    )]
+    canary_steps: Vec<u8>,
+    /// How long each step lasts, in seconds.
+    #[arg(long, default_value_t = 300, requires = "canary")]
+    canary_step_seconds: u64,
+    /// How many percentage points the candidate's failure rate may exceed the serving
+    /// version's before it is rolled back.
+    #[arg(long, default_value_t = 5.0, requires = "canary")]
+    canary_max_failure_increase: f64,
+    /// The candidate's reconciles needed to judge it within a step (at a step's end, any
+    /// number is enough).
+    #[arg(long, default_value_t = 20, requires = "canary")]
+    canary_min_reconciles: u64,
+}
+
+impl CanaryArgs {
+    fn policy(&self) -> Result<Option<CanaryPolicy>> {
+        if !self.canary {
+            return Ok(None);
+        }
+        CanaryPolicy::new(
+            self.canary_steps.clone(),
+            Duration::from_secs(self.canary_step_seconds),
+            self.canary_max_failure_increase,
+            self.canary_min_reconciles,
+        )
+        .map(Some)
+        .map_err(anyhow::Error::msg)
+    }
 }
 
 /// The admission and conversion webhook, served once a loaded plugin validates or
@@ -684,6 +732,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
     );
     let sandbox = sandbox.sandbox()?;
     let webhooks = args.webhook.options(args.namespace.as_deref())?;
+    let canary = args.canary.policy()?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let identity = identity();
@@ -697,6 +746,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 install_crds: args.install_crds,
                 pending_releases: PendingReleases::default(),
                 webhooks: None,
+                canary,
                 controller: ControllerOptions {
                     namespace: args.namespace,
                     default_resync: Duration::from_secs(args.resync_seconds.max(1)),

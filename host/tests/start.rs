@@ -99,3 +99,42 @@ fn run_waits_for_an_api_server_that_is_not_up_yet() {
         "the host did not connect once the server was up: {log:#?}"
     );
 }
+
+/// A canary schedule that makes no sense is refused before anything starts: one line,
+/// a non-zero exit, no cluster needed.
+#[test]
+fn run_refuses_a_canary_schedule_that_makes_no_sense() {
+    let dir = tempfile::tempdir().unwrap();
+    for (steps, says) in [
+        ("50,10,100", "--canary-steps must go up: 50,10,100"),
+        ("10,50", "--canary-steps must end at 100"),
+        ("0,100", "0 is not a share between 1 and 100 percent"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+            .args(["run", "--plugins", dir.path().to_str().unwrap()])
+            .args(["--canary", "--canary-steps", steps])
+            .args(["--kubeconfig", "/nonexistent"])
+            .output()
+            .expect("run capstan");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{steps}: {stderr}");
+        assert!(stderr.contains(says), "{steps}: {stderr}");
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "{steps}: one line: {stderr}"
+        );
+    }
+    // The schedule's flags need --canary.
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args(["run", "--plugins", dir.path().to_str().unwrap()])
+        .args(["--canary-steps", "50,100"])
+        .output()
+        .expect("run capstan");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--canary"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

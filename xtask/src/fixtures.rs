@@ -127,25 +127,50 @@ pub const POSTGRES_MIRROR: &str = "mirror.example.com/library/postgres";
 
 /// Builds `out/postgresql-mirror.wasm`: today's PostgreSQL plugin with its images taken
 /// from [`POSTGRES_MIRROR`] (`CAPSTAN_POSTGRES_REPOSITORY`), the "new version" whose
-/// changes the tests of `capstan plan` show. A target directory of its own, so that the
-/// shipped plugin is not rebuilt back and forth with and without the variable.
+/// changes the tests of `capstan plan` show.
 pub fn build_postgres_mirror(out: &Path) -> Result<()> {
+    build_variant(
+        "capstan-plugin-postgresql",
+        ("CAPSTAN_POSTGRES_REPOSITORY", POSTGRES_MIRROR),
+        &out.join("postgresql-mirror.wasm"),
+    )
+}
+
+/// What the broken Widget build does on every parent (`CAPSTAN_WIDGET_MODE`): a child in
+/// another namespace, which the host refuses.
+pub const WIDGET_BROKEN_MODE: &str = "other-namespace";
+
+/// Builds `out/widget-broken.wasm`: the Widget test plugin that misbehaves
+/// ([`WIDGET_BROKEN_MODE`]) on every parent, the regressed "new version" of the canary
+/// tests.
+pub fn build_widget_broken(out: &Path) -> Result<()> {
+    build_variant(
+        "capstan-test-widget",
+        ("CAPSTAN_WIDGET_MODE", WIDGET_BROKEN_MODE),
+        &out.join("widget-broken.wasm"),
+    )
+}
+
+/// Builds `package` with the variable `name` set to `value`, into `to`. In a target directory of
+/// its own (`target/variants`), so that the package's ordinary build is not rebuilt back
+/// and forth with and without the variable.
+fn build_variant(package: &str, (name, value): (&str, &str), to: &Path) -> Result<()> {
     let dir = target_dir().join("variants");
     let status = cargo()
         .args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])
-        .args(["--package", "capstan-plugin-postgresql"])
+        .args(["--package", package])
         .env("CARGO_TARGET_DIR", &dir)
-        .env("CAPSTAN_POSTGRES_REPOSITORY", POSTGRES_MIRROR)
+        .env(name, value)
         .current_dir(root())
         .status()
-        .context("cannot start cargo for the PostgreSQL plugin's variant")?;
+        .with_context(|| format!("cannot start cargo for {package} with {name}={value}"))?;
     if !status.success() {
-        bail!(
-            "building the PostgreSQL plugin with its images from {POSTGRES_MIRROR} failed ({status})"
-        );
+        bail!("building {package} with {name}={value} failed ({status})");
     }
-    let from = dir.join("wasm32-wasip2/plugin/capstan_plugin_postgresql.wasm");
-    std::fs::copy(&from, out.join("postgresql-mirror.wasm"))
-        .with_context(|| format!("copy {}", from.display()))?;
+    let from = dir.join(format!(
+        "wasm32-wasip2/plugin/{}.wasm",
+        package.replace('-', "_")
+    ));
+    std::fs::copy(&from, to).with_context(|| format!("copy {}", from.display()))?;
     Ok(())
 }

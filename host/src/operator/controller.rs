@@ -15,6 +15,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::task::JoinHandle;
 
+use super::canary;
 use super::children::{ChildCaches, ControllerRef, KindCache, KindWatch};
 use super::cluster::{ChildKinds, ClusterWrites, api_resource};
 use super::finalizers::{FORCE_RELEASE_ANNOTATION, ForceRelease};
@@ -78,6 +79,8 @@ impl Caches {
 /// related kinds' watches (a kind no other controller declares is no longer watched).
 pub struct RunningController {
     task: JoinHandle<()>,
+    /// Steps a canary of this plugin up on its schedule.
+    canary_driver: JoinHandle<()>,
     /// Held for as long as the controller runs.
     watches: Vec<KindWatch>,
     /// Held for as long as the controller runs; dropping one forgets its parents'
@@ -182,7 +185,18 @@ impl RunningController {
                 })
                 .boxed(),
         );
+        // The parents whose version a canary changes (a step, a rollback).
+        let (canary_changes, canary_rx) = tokio::sync::mpsc::unbounded_channel();
+        triggers.push(tokio_stream_of(canary_rx).boxed());
         let triggers = futures::stream::select_all(triggers);
+        let canary_driver = tokio::spawn(canary::drive(
+            shadow.clone(),
+            plugin.clone(),
+            reader.clone(),
+            parent_kind.clone(),
+            canary_changes,
+            metrics.clone(),
+        ));
         let controller = Controller::for_stream_with(parents, reader, parent_kind.clone())
             .with_config(ControllerConfig::default().concurrency(opts.concurrency))
             .reconcile_on(triggers);
@@ -214,6 +228,7 @@ impl RunningController {
         });
         RunningController {
             task,
+            canary_driver,
             watches,
             related,
         }
@@ -227,8 +242,10 @@ impl RunningController {
     /// Stops the controller and waits until its task is gone, so that no reconcile of
     /// the old version overlaps one of a new version.
     pub async fn stop(self) {
+        self.canary_driver.abort();
         self.task.abort();
         let _ = self.task.await;
+        let _ = self.canary_driver.await;
         drop(self.watches);
         drop(self.related);
     }

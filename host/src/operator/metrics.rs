@@ -3,8 +3,8 @@
 //! [`super::http`]).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -16,6 +16,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
+use super::canary::{Canary, Version};
 use super::shadow::Verdict;
 use crate::plugin::{Plugin, SandboxMetrics};
 
@@ -91,6 +92,15 @@ struct PluginResult {
     result: String,
 }
 
+/// Labels of a canary's reconciles: the plugin, the version that reconciled and how it
+/// ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CanaryLabel {
+    plugin: String,
+    version: String,
+    result: String,
+}
+
 /// Labels of a watch error.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WatchError {
@@ -146,9 +156,14 @@ pub struct Metrics {
     shard_buckets: Gauge,
     orphaned_finalizers: Family<KindLabel, Gauge>,
     shadow_reconciles: Family<PluginResult, Counter>,
+    canary_reconciles: Family<CanaryLabel, Counter>,
+    canary_share: Family<PluginLabel, Gauge>,
+    canary_rollbacks: Family<PluginLabel, Counter>,
     plugins: Mutex<BTreeMap<String, PluginState>>,
     /// The shadow of each serving file that has one, for `/plugins`.
     shadows: Mutex<BTreeMap<String, ShadowReport>>,
+    /// The canary of each serving file whose shadow is one (`--canary`).
+    canaries: Mutex<BTreeMap<String, Arc<Canary>>>,
     ready: AtomicBool,
     /// Parts of the host that stopped and will not come back by themselves.
     failed: Mutex<BTreeMap<String, String>>,
@@ -246,6 +261,25 @@ impl Default for Metrics {
              plugin and verdict: agreed (the same children and status), diverged, failed",
             shadow_reconciles.clone(),
         );
+        let canary_reconciles = Family::<CanaryLabel, Counter>::default();
+        registry.register(
+            "capstan_canary_reconciles",
+            "Reconciles while a canary runs (--canary), by plugin, version (serving, \
+             candidate) and result (ok, failed); transient API trouble is not counted",
+            canary_reconciles.clone(),
+        );
+        let canary_share = Family::<PluginLabel, Gauge>::default();
+        registry.register(
+            "capstan_canary_share_percent",
+            "The share of parents a canary candidate (NAME.next.wasm) serves now, by plugin",
+            canary_share.clone(),
+        );
+        let canary_rollbacks = Family::<PluginLabel, Counter>::default();
+        registry.register(
+            "capstan_canary_rollbacks",
+            "Canary candidates rolled back because their failure rate exceeded the bound",
+            canary_rollbacks.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -260,8 +294,12 @@ impl Default for Metrics {
             shard_buckets,
             orphaned_finalizers,
             shadow_reconciles,
+            canary_reconciles,
+            canary_share,
+            canary_rollbacks,
             plugins: Mutex::default(),
             shadows: Mutex::default(),
+            canaries: Mutex::default(),
             ready: AtomicBool::new(false),
             failed: Mutex::default(),
             sandbox: None,
@@ -436,7 +474,13 @@ impl Metrics {
     }
 
     /// Records that `shadow` (its file and sha256) now shadows the serving `file`.
-    pub fn set_shadow(&self, file: &str, shadow: &str, sha256: &str) {
+    /// With `canary`, the shadow serves a share of the parents (`--canary`).
+    pub fn set_shadow(&self, file: &str, shadow: &str, sha256: &str, canary: Option<Arc<Canary>>) {
+        let mut canaries = self.canaries.lock().expect("metrics lock");
+        match canary {
+            Some(canary) => canaries.insert(file.to_string(), canary),
+            None => canaries.remove(file),
+        };
         self.shadows.lock().expect("metrics lock").insert(
             file.to_string(),
             ShadowReport {
@@ -449,6 +493,7 @@ impl Metrics {
 
     /// Forgets the shadow of `file`.
     pub fn remove_shadow(&self, file: &str) {
+        self.canaries.lock().expect("metrics lock").remove(file);
         self.shadows.lock().expect("metrics lock").remove(file);
     }
 
@@ -489,11 +534,45 @@ impl Metrics {
         }
     }
 
+    /// Counts a reconcile of `plugin` by `version` while a canary runs.
+    pub fn canary_reconciled(&self, plugin: &str, version: Version, failed: bool) {
+        self.canary_reconciles
+            .get_or_create(&CanaryLabel {
+                plugin: plugin.into(),
+                version: match version {
+                    Version::Serving => "serving",
+                    Version::Candidate => "candidate",
+                }
+                .into(),
+                result: if failed { "failed" } else { "ok" }.into(),
+            })
+            .inc();
+    }
+
+    /// The share of parents the canary candidate of `plugin` serves now.
+    pub fn canary_share(&self, plugin: &str, percent: u8) {
+        self.canary_share
+            .get_or_create(&PluginLabel {
+                plugin: plugin.into(),
+            })
+            .set(i64::from(percent));
+    }
+
+    /// Counts a rollback of a canary candidate of `plugin`.
+    pub fn canary_rolled_back(&self, plugin: &str) {
+        self.canary_rollbacks
+            .get_or_create(&PluginLabel {
+                plugin: plugin.into(),
+            })
+            .inc();
+    }
+
     /// `/plugins` as JSON: every plugin file's state and, for a plugin serving, its
     /// sandbox figures (calls by outcome, peak memory, output dropped) and its shadow.
     pub fn plugins_json(&self) -> String {
         let plugins = self.plugins.lock().expect("metrics lock");
         let shadows = self.shadows.lock().expect("metrics lock");
+        let canaries = self.canaries.lock().expect("metrics lock");
         let list: Vec<serde_json::Value> = plugins
             .values()
             .map(|state| {
@@ -504,6 +583,9 @@ impl Metrics {
                 }
                 if let Some(shadow) = shadows.get(&state.file) {
                     value["shadow"] = serde_json::to_value(shadow).unwrap_or_default();
+                }
+                if let Some(canary) = canaries.get(&state.file) {
+                    value["canary"] = serde_json::to_value(canary.report()).unwrap_or_default();
                 }
                 value
             })

@@ -1,6 +1,7 @@
 //! `capstan run`: the operator host. It serves every plugin of a directory, one
 //! `kube::runtime::Controller` per plugin, and exposes health, metrics and plugin state.
 
+pub mod canary;
 mod children;
 mod cluster;
 mod controller;

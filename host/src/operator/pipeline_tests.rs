@@ -14,6 +14,7 @@ use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
+use super::canary::{Canary, CanaryPolicy};
 use super::children::Feed;
 use super::cluster::{ChildKinds, ClusterWrites};
 use super::controller::{Caches, ControllerOptions, RunningController};
@@ -802,8 +803,13 @@ async fn a_shadow_version_is_compared_on_every_reconcile_and_never_applied() {
     // holds a UUID, and draws another one where it does not (on u-042).
     let (_shadow_sandbox, shadow) = load_file(uuid_other_build());
     assert_ne!(shadow.sha256(), s.plugin.sha256());
-    metrics.set_shadow(SERVING_FILE, "/plugins/serving.next.wasm", shadow.sha256());
-    s.shadow.set(Some(shadow));
+    metrics.set_shadow(
+        SERVING_FILE,
+        "/plugins/serving.next.wasm",
+        shadow.sha256(),
+        None,
+    );
+    s.shadow.set(Some(shadow), None);
     let mark = s.mark();
     for path in &paths {
         s.reconcile(path).await;
@@ -829,7 +835,7 @@ async fn a_shadow_version_is_compared_on_every_reconcile_and_never_applied() {
         "exactly that parent, with its first difference"
     );
     // Without the shadow: nothing is called or counted any more.
-    s.shadow.set(None);
+    s.shadow.set(None, None);
     for path in &paths[..3] {
         s.reconcile(path).await;
     }
@@ -838,4 +844,205 @@ async fn a_shadow_version_is_compared_on_every_reconcile_and_never_applied() {
             .render()
             .contains("capstan_shadow_reconciles_total{plugin=\"uuid\",result=\"agreed\"} 99\n")
     );
+}
+
+/// A canary candidate on half the parents (by their UID), judged on 5 reconciles.
+fn canary_of(candidate: &Plugin, steps: Vec<u8>, step: Duration) -> Arc<Canary> {
+    let policy = CanaryPolicy::new(steps, step, 5.0, 5).unwrap();
+    Arc::new(Canary::new(
+        policy,
+        "/plugins/serving.next.wasm",
+        candidate.sha256(),
+    ))
+}
+
+fn uid_of(s: &Scenario, path: &str) -> String {
+    s.store.get(path).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_that_fails_more_than_the_serving_version_is_rolled_back_and_says_so() {
+    let mut s = Scenario::new("widget");
+    let metrics = s.ctx.metrics.clone();
+    metrics.set_plugin(super::metrics::PluginState::of(
+        std::path::Path::new(SERVING_FILE),
+        Some(&s.plugin),
+        None,
+    ));
+    let names: Vec<String> = (0..40).map(|i| format!("w-{i:02}")).collect();
+    let paths: Vec<String> = names
+        .iter()
+        .map(|n| s.create(n, json!({"count": 1})))
+        .collect();
+    // The new version refuses itself on every parent (a child in another namespace).
+    let (_candidate_sandbox, candidate) =
+        load_file(capstan_e2e::operator::test_plugin("widget-broken"));
+    let canary = canary_of(&candidate, vec![50, 100], Duration::from_secs(3600));
+    metrics.set_shadow(
+        SERVING_FILE,
+        "/plugins/serving.next.wasm",
+        candidate.sha256(),
+        Some(canary.clone()),
+    );
+    s.shadow.set(Some(candidate), Some(canary.clone()));
+    let in_share: Vec<&String> = paths
+        .iter()
+        .filter(|p| super::canary::in_share(&uid_of(&s, p), 50))
+        .collect();
+    assert!(
+        (10..=30).contains(&in_share.len()),
+        "about half of 40: {}",
+        in_share.len()
+    );
+
+    // The serving version's parents first, then the candidate's: the fifth of its
+    // reconciles, all failed, rolls it back.
+    for path in paths.iter().filter(|p| !in_share.contains(p)) {
+        s.reconcile(path).await;
+    }
+    for path in &in_share[..4] {
+        s.reconcile(path).await;
+    }
+    assert_eq!(canary.percent(), 50, "four reconciles do not judge it");
+    s.reconcile(in_share[4]).await;
+    assert_eq!(canary.percent(), 0, "rolled back on the fifth");
+    let report = canary.report();
+    let super::canary::Phase::RolledBack { reason } = &report.phase else {
+        panic!("{report:?}");
+    };
+    assert!(reason.contains("(5 of 5)"), "{reason}");
+    assert!(
+        reason.contains("in namespace"),
+        "the candidate's error: {reason}"
+    );
+    for (name, line) in [
+        (
+            "rollbacks",
+            "capstan_canary_rollbacks_total{plugin=\"widget\"} 1\n",
+        ),
+        (
+            "share",
+            "capstan_canary_share_percent{plugin=\"widget\"} 0\n",
+        ),
+        (
+            "candidate failures",
+            "capstan_canary_reconciles_total{plugin=\"widget\",version=\"candidate\",result=\"failed\"} 5\n",
+        ),
+    ] {
+        let text = metrics.render();
+        assert!(text.contains(line), "{name}: {line} missing:\n{text}");
+    }
+    let plugins: Value = serde_json::from_str(&metrics.plugins_json()).unwrap();
+    assert_eq!(plugins[0]["canary"]["phase"], "rolled-back", "{plugins}");
+    assert_eq!(plugins[0]["canary"]["candidate"]["failed"], 5, "{plugins}");
+
+    // Every parent is the serving version's again: its children written, the five the
+    // candidate failed on told why, the others not.
+    s.catch_up();
+    for path in &paths {
+        s.reconcile(path).await;
+    }
+    s.catch_up();
+    for (name, path) in names.iter().zip(&paths) {
+        assert!(
+            s.store.get(&cm(name, 0)).is_some(),
+            "{name}: its ConfigMap, by the serving version"
+        );
+        let ready = s.store.get(path).unwrap()["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        assert!(ready, "{name} is Ready again");
+    }
+    let told: BTreeSet<String> = s
+        .store
+        .events()
+        .into_iter()
+        .filter(|e| e["reason"] == "CanaryRolledBack")
+        .map(|e| {
+            assert_eq!(e["type"], "Warning");
+            assert!(e["note"].as_str().unwrap().contains("rolled back"), "{e}");
+            e["regarding"]["name"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let failed: BTreeSet<String> = in_share[..5]
+        .iter()
+        .map(|p| p.rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(told, failed, "exactly the parents the candidate served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_steps_up_on_its_schedule_and_each_step_reconciles_the_parents_it_moves() {
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher;
+    let (_sandbox, serving) = load("widget");
+    let (_candidate_sandbox, candidate) = load("widget");
+    let resource = super::cluster::api_resource(&serving.info().parent);
+    let kind = super::parent::ParentKind::new(resource.clone());
+    let mut writer = Writer::new(kind.clone());
+    let uids: Vec<String> = (0..20).map(|i| format!("uid-{i}")).collect();
+    for (i, uid) in uids.iter().enumerate() {
+        let mut obj = DynamicObject::new(&format!("w-{i}"), &resource).within(NS);
+        obj.metadata.uid = Some(uid.clone());
+        writer.apply_watcher_event(&watcher::Event::Apply(CachedParent::new(obj)));
+    }
+    let name_of = |uid: &str| format!("w-{}", uid.trim_start_matches("uid-"));
+    let half: BTreeSet<String> = uids
+        .iter()
+        .filter(|u| super::canary::in_share(u, 50))
+        .map(|u| name_of(u))
+        .collect();
+    assert!(!half.is_empty() && half.len() < 20, "{half:?}");
+    let rest: BTreeSet<String> = uids
+        .iter()
+        .map(|u| name_of(u))
+        .filter(|n| !half.contains(n))
+        .collect();
+
+    let slot = ShadowSlot::new(std::path::Path::new(SERVING_FILE));
+    let canary = canary_of(&candidate, vec![50, 100], Duration::from_millis(400));
+    slot.set(Some(candidate), Some(canary.clone()));
+    let metrics = Arc::new(Metrics::default());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(super::canary::drive(
+        slot.clone(),
+        serving,
+        writer.as_reader(),
+        kind,
+        tx,
+        metrics.clone(),
+    ));
+    // The names sent within `within`, once nothing more comes for a while.
+    let mut sent = async |within: Duration| -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        let deadline = tokio::time::Instant::now() + within;
+        while let Ok(Some(r)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            names.insert(r.name.clone());
+        }
+        names
+    };
+    // The first step: the half, at once.
+    assert_eq!(sent(Duration::from_millis(300)).await, half);
+    assert_eq!(canary.percent(), 50);
+    // The step ends (a healthy candidate, nothing failed): the other half moves.
+    assert_eq!(sent(Duration::from_millis(400)).await, rest);
+    assert_eq!(canary.percent(), 100);
+    // Past the last step: promoted, nobody moves.
+    assert_eq!(sent(Duration::from_millis(500)).await, BTreeSet::new());
+    assert_eq!(canary.report().phase, super::canary::Phase::Promoted);
+    assert!(
+        metrics
+            .render()
+            .contains("capstan_canary_share_percent{plugin=\"widget\"} 100\n")
+    );
+    // The file is removed: every parent goes back to the serving version, at once.
+    slot.set(None, None);
+    let all: BTreeSet<String> = half.union(&rest).cloned().collect();
+    assert_eq!(sent(Duration::from_millis(400)).await, all);
+    driver.abort();
 }

@@ -12,6 +12,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::Value;
 use tracing::{debug, info, instrument, warn};
 
+use super::canary::{self, Canary, Transition, Version};
 use super::children::{Cached, Key, KindCache};
 use super::cluster::{
     self, ChildKinds, ChildOutcome, ClusterWrites, ErrorClass, OwnershipConflict,
@@ -101,6 +102,14 @@ impl Context {
         self
     }
 
+    /// The canary candidate and its canary, if one runs (`--canary`), checked against
+    /// this serving version.
+    fn canary(&self) -> Option<(Plugin, Arc<Canary>)> {
+        let (candidate, canary) = self.shadow.canary()?;
+        canary.check(&self.plugin, candidate.info());
+        Some((candidate, canary))
+    }
+
     /// The same context, reading related objects from `related` (one cache per related
     /// kind, in declaration order, with this controller's subscription).
     pub fn with_related(mut self, related: Vec<(Arc<RelatedCache>, u64)>) -> Self {
@@ -149,14 +158,15 @@ impl Context {
     /// records the requests, so that a change to what they select reconciles it again.
     async fn observed_related(
         &self,
+        plugin: &Plugin,
         obj: &DynamicObject,
         parent: &Value,
     ) -> Result<Vec<RelatedObject>, Failure> {
         if self.related.is_empty() {
             return Ok(Vec::new());
         }
-        let requests = self.plugin.customize_async(parent).await??;
-        validate::related_requests(self.plugin.info(), &requests)?;
+        let requests = plugin.customize_async(parent).await??;
+        validate::related_requests(plugin.info(), &requests)?;
         let key = (obj.metadata.namespace.clone(), obj.name_any());
         let mut observed = Vec::new();
         for (index, (cache, subscriber)) in self.related.iter().enumerate() {
@@ -355,7 +365,29 @@ pub async fn reconcile(
     let obj = ctx.own_writes.freshest(&cached, &ctx.parent_kind);
     let uid = obj.metadata.uid.clone().unwrap_or_default();
     let parent = serde_json::to_value(&*obj).map_err(|e| ReportError(e.to_string()))?;
-    match reconcile_parent(&obj, &parent, &ctx).await {
+    // While a canary runs, the candidate reconciles the parents of its share (never a
+    // parent being deleted: teardown stays with the serving version).
+    let canary = ctx.canary();
+    let version = match &canary {
+        Some((_, c)) if obj.metadata.deletion_timestamp.is_none() && c.serves(&uid) => {
+            Version::Candidate
+        }
+        _ => Version::Serving,
+    };
+    let by = Serve {
+        candidate: canary
+            .as_ref()
+            .filter(|_| version == Version::Candidate)
+            .map(|(p, _)| p),
+        canary: canary.as_ref().map(|(_, c)| &**c),
+    };
+    let result = reconcile_parent(&obj, &parent, &ctx, &by).await;
+    if let Some((_, canary)) = &canary
+        && obj.metadata.deletion_timestamp.is_none()
+    {
+        count_for_canary(&ctx, canary, version, &uid, &result);
+    }
+    match result {
         Ok(Reconciled::Done(action)) => {
             ctx.succeeded(&uid);
             ctx.metrics.reconciled(&ctx.plugin.info().name, "ok");
@@ -410,6 +442,48 @@ pub async fn reconcile(
     }
 }
 
+/// Which version reconciles a parent.
+struct Serve<'a> {
+    /// The canary candidate, for a parent of its share; none: the serving version.
+    candidate: Option<&'a Plugin>,
+    /// The canary running, if any.
+    canary: Option<&'a Canary>,
+}
+
+/// Counts the outcome of a reconcile by `version` for the canary; rolls it back when
+/// this one takes it past the bound. Transient trouble (the API server unwell, a race,
+/// caches behind) says nothing about the plugin and is not counted.
+fn count_for_canary(
+    ctx: &Context,
+    canary: &Canary,
+    version: Version,
+    uid: &str,
+    result: &Result<Reconciled, Failure>,
+) {
+    let failure = match result {
+        Ok(Reconciled::Done(_)) => None,
+        Ok(Reconciled::WithConflicts) => {
+            Some("a child's name is taken by an object this parent does not control".to_string())
+        }
+        Ok(Reconciled::CacheBehind) => return,
+        Err(failure) => match failure.reaction() {
+            Reaction::RetrySoon | Reaction::Backoff => return,
+            _ => Some(failure.to_string()),
+        },
+    };
+    let plugin = &ctx.plugin.info().name;
+    ctx.metrics
+        .canary_reconciled(plugin, version, failure.is_some());
+    if let Some(reason) = canary.record(version, uid, failure.as_deref()) {
+        canary::announce(
+            &ctx.metrics,
+            plugin,
+            canary,
+            &Transition::RolledBack(reason),
+        );
+    }
+}
+
 /// How soon a reconcile that raced another writer (409) runs again.
 const CONFLICT_RETRY: Duration = Duration::from_millis(500);
 
@@ -447,6 +521,7 @@ async fn reconcile_parent(
     obj: &DynamicObject,
     parent: &Value,
     ctx: &Context,
+    by: &Serve<'_>,
 ) -> Result<Reconciled, Failure> {
     let info = ctx.plugin.info();
     let has_finalizer = obj
@@ -488,9 +563,9 @@ async fn reconcile_parent(
         let written = ctx.own_writes.remember(written);
         let parent = serde_json::to_value(&*written)
             .map_err(|e| Failure::Retry(format!("cannot read the parent: {e}")))?;
-        return reconcile_live(&written, &parent, ctx).await;
+        return reconcile_live(&written, &parent, ctx, by).await;
     }
-    reconcile_live(obj, parent, ctx).await
+    reconcile_live(obj, parent, ctx, by).await
 }
 
 /// The reconcile of a parent that is not being deleted and has the finalizer it needs.
@@ -498,8 +573,10 @@ async fn reconcile_live(
     obj: &DynamicObject,
     parent: &Value,
     ctx: &Context,
+    by: &Serve<'_>,
 ) -> Result<Reconciled, Failure> {
-    let info = ctx.plugin.info();
+    let plugin = by.candidate.unwrap_or(&ctx.plugin);
+    let info = plugin.info();
     let uid = obj.metadata.uid.as_deref().unwrap_or_default();
     ctx.caches_synced().await?;
     let seen = |index: usize, key: &Key| {
@@ -517,13 +594,19 @@ async fn reconcile_live(
     let observed = Observed {
         parent: parent.clone(),
         children: ctx.observed_children(obj)?,
-        related: ctx.observed_related(obj, parent).await?,
+        related: ctx.observed_related(plugin, obj, parent).await?,
     };
-    let desired = ctx.plugin.reconcile_async(&observed).await??;
-    let plan = plan::plan(info, parent, desired, &plan::now())?;
+    let desired = plugin.reconcile_async(&observed).await??;
+    let mut plan = plan::plan(info, parent, desired, &plan::now())?;
+    if by.candidate.is_none()
+        && let Some(notice) = by.canary.and_then(|c| c.rolled_back_notice(uid))
+    {
+        plan.events.push(plan::warning("CanaryRolledBack", notice));
+    }
     // The shadow's answer to the same state is compared with this plan, whatever the
-    // writes do: it judges the plugin's logic, not the API server's answers.
-    let served = ctx.shadow.get().is_some().then(|| plan.clone());
+    // writes do: it judges the plugin's logic, not the API server's answers. A parent
+    // the canary candidate serves is not shadowed (the shadow is the candidate).
+    let served = (by.candidate.is_none() && ctx.shadow.get().is_some()).then(|| plan.clone());
     let applied = apply_plan(obj, parent, &observed, plan, ctx).await;
     if let Some(served) = served {
         shadow::shadow_reconcile(&ctx.shadow, &observed, &served, &ctx.plugin, &ctx.metrics).await;
@@ -738,7 +821,7 @@ async fn finalize(
         parent: parent.clone(),
         children: ctx.observed_children(obj)?,
         related: ctx
-            .observed_related(obj, parent)
+            .observed_related(&ctx.plugin, obj, parent)
             .await
             .map_err(|e| Failure::FinalizeFailed(e.to_string()))?,
     };

@@ -23,6 +23,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
+use super::canary::{Canary, CanaryPolicy};
 use super::controller::{Caches, ControllerOptions, RunningController};
 use super::finalizers::{FinalizerRelease, kind_label};
 use super::metrics::{Metrics, PluginState};
@@ -142,6 +143,9 @@ pub struct RegistryOptions {
     /// The admission and conversion webhook that serves the plugins which validate or
     /// convert; none: such plugins are refused.
     pub webhooks: Option<Webhooks>,
+    /// With `--canary`: a `NAME.next.wasm` serves a share of the parents on this
+    /// schedule; none: it only shadows.
+    pub canary: Option<CanaryPolicy>,
 }
 
 /// The parent kinds whose finalizers are still to be released (with the name of the
@@ -436,7 +440,7 @@ impl PluginRegistry {
         for path in gone {
             self.shadow_files.remove(&path);
             if let Some(file) = shadow::shadowed_by(&path) {
-                self.shadow_slot(&file).set(None);
+                self.shadow_slot(&file).set(None, None);
                 self.metrics.remove_shadow(&file.display().to_string());
                 info!(shadow = %path.display(), "shadow version removed");
             }
@@ -474,17 +478,29 @@ impl PluginRegistry {
                     if let Ok(Some(limits)) = limits::read(&file, self.sandbox.config()) {
                         plugin.set_limits(limits);
                     }
-                    info!(shadow = %path.display(), file = %file.display(), sha256 = %plugin.sha256(), "shadow version loaded: called on every reconcile of the serving version, never applied");
+                    let canary = self.opts.canary.clone().map(|policy| {
+                        Arc::new(Canary::new(
+                            policy,
+                            &path.display().to_string(),
+                            plugin.sha256(),
+                        ))
+                    });
+                    if canary.is_some() {
+                        info!(candidate = %path.display(), file = %file.display(), sha256 = %plugin.sha256(), "candidate version loaded (--canary): serves a share of the parents that steps up on the schedule, shadows the others");
+                    } else {
+                        info!(shadow = %path.display(), file = %file.display(), sha256 = %plugin.sha256(), "shadow version loaded: called on every reconcile of the serving version, never applied");
+                    }
                     self.metrics.set_shadow(
                         &file.display().to_string(),
                         &path.display().to_string(),
                         plugin.sha256(),
+                        canary.clone(),
                     );
-                    slot.set(Some(plugin));
+                    slot.set(Some(plugin), canary);
                 }
                 Ok(Err(e)) => {
                     warn!(shadow = %path.display(), "shadow version not loaded: {e}");
-                    slot.set(None);
+                    slot.set(None, None);
                     self.metrics.remove_shadow(&file.display().to_string());
                 }
                 Err(e) => {
@@ -1029,6 +1045,7 @@ mod tests {
                 },
                 pending_releases: PendingReleases::default(),
                 webhooks: None,
+                canary: None,
             },
         )
     }
@@ -1139,6 +1156,40 @@ mod tests {
         assert!(slot.get().is_none());
         let plugins: serde_json::Value = serde_json::from_str(&metrics.plugins_json()).unwrap();
         assert!(plugins[0].get("shadow").is_none(), "{plugins}");
+        registry.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_canary_a_next_file_is_a_candidate_and_a_new_one_starts_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let serving = install(dir.path(), "widget.wasm", "widget");
+        let next = install(dir.path(), "widget.next.wasm", "widget-broken");
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let mut registry = registry(dir.path(), metrics.clone(), sandbox);
+        let policy = CanaryPolicy::new(vec![10, 100], Duration::from_secs(60), 5.0, 1).unwrap();
+        registry.opts.canary = Some(policy);
+        registry.scan().await;
+        let slot = registry.shadow_slot(&serving);
+        let (_, canary) = slot.canary().expect("a candidate, with its canary");
+        assert_eq!(canary.percent(), 10);
+        let plugins: serde_json::Value = serde_json::from_str(&metrics.plugins_json()).unwrap();
+        assert_eq!(plugins[0]["canary"]["phase"], "stepping", "{plugins}");
+        assert_eq!(plugins[0]["canary"]["file"], next.display().to_string());
+        // Rolled back; a new file is a new candidate, from its first step.
+        canary.record(super::super::canary::Version::Candidate, "u", Some("x"));
+        assert_eq!(canary.percent(), 0);
+        install(dir.path(), "widget.next.wasm", "widget");
+        registry.scan().await;
+        let (_, fresh) = slot.canary().unwrap();
+        assert_ne!(fresh.sha256(), canary.sha256());
+        assert_eq!(fresh.percent(), 10);
+        // Removed: no candidate, nothing in /plugins.
+        std::fs::remove_file(&next).unwrap();
+        registry.scan().await;
+        assert!(slot.canary().is_none());
+        let plugins: serde_json::Value = serde_json::from_str(&metrics.plugins_json()).unwrap();
+        assert!(plugins[0].get("canary").is_none(), "{plugins}");
         registry.shutdown().await;
     }
 

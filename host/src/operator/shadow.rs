@@ -16,6 +16,7 @@ use crate::diff::{self, ChildChange, Outcome};
 use crate::plan::{self, Plan};
 use crate::plugin::Plugin;
 
+use super::canary::Canary;
 use super::metrics::Metrics;
 
 /// How a shadow file is named: `NAME.next.wasm` shadows `NAME.wasm`.
@@ -35,6 +36,8 @@ pub struct ShadowSlot {
     /// The serving file, as `/plugins` names it.
     file: String,
     plugin: Arc<RwLock<Option<Plugin>>>,
+    /// With `--canary`: the shadow's canary, which lets it serve a share of parents.
+    canary: Arc<RwLock<Option<Arc<Canary>>>>,
 }
 
 impl ShadowSlot {
@@ -43,6 +46,7 @@ impl ShadowSlot {
         ShadowSlot {
             file: file.display().to_string(),
             plugin: Arc::default(),
+            canary: Arc::default(),
         }
     }
 
@@ -51,9 +55,18 @@ impl ShadowSlot {
         self.plugin.read().expect("shadow lock").clone()
     }
 
-    /// Puts `plugin` in (none: takes the shadow out).
-    pub fn set(&self, plugin: Option<Plugin>) {
-        *self.plugin.write().expect("shadow lock") = plugin;
+    /// Puts `plugin` in (none: takes the shadow out), with its canary if it is one.
+    pub fn set(&self, plugin: Option<Plugin>, canary: Option<Arc<Canary>>) {
+        let mut slot = self.plugin.write().expect("shadow lock");
+        *self.canary.write().expect("shadow lock") = canary.filter(|_| plugin.is_some());
+        *slot = plugin;
+    }
+
+    /// The shadow and its canary, if it is one (`--canary`).
+    pub fn canary(&self) -> Option<(Plugin, Arc<Canary>)> {
+        let plugin = self.plugin.read().expect("shadow lock");
+        let canary = self.canary.read().expect("shadow lock");
+        Some((plugin.clone()?, canary.clone()?))
     }
 
     /// The serving file.
