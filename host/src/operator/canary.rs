@@ -367,6 +367,17 @@ impl Canary {
         }
     }
 
+    /// The parents (UIDs) the candidate reconciled and, after a rollback, that were not
+    /// told yet: they go back to the serving version.
+    pub fn served(&self) -> HashSet<String> {
+        self.state().served.clone()
+    }
+
+    /// Whether it was rolled back.
+    pub fn rolled_back(&self) -> bool {
+        matches!(self.state().phase, Phase::RolledBack { .. })
+    }
+
     /// After a rollback, the message for the parent `uid` if the candidate reconciled
     /// it and it was not told yet.
     pub fn rolled_back_notice(&self, uid: &str) -> Option<String> {
@@ -473,8 +484,10 @@ pub fn announce(metrics: &Metrics, plugin: &str, canary: &Canary, transition: &T
 const TICK: Duration = Duration::from_secs(1);
 
 /// Steps the canary of `slot` up on its schedule while the controller of `serving`
-/// runs, and reconciles at once every parent whose version changes (a step up, a
-/// rollback, a candidate removed) by sending it to `trigger`.
+/// runs, and reconciles at once every parent whose version changes by sending it to
+/// `trigger`: those a step moves into the share, and those the candidate served when it
+/// is rolled back, replaced or removed (also when that happened between two looks: the
+/// candidate's reconciles may roll it back before the driver ever saw it serve).
 pub async fn drive(
     slot: ShadowSlot,
     serving: Plugin,
@@ -484,50 +497,64 @@ pub async fn drive(
     metrics: Arc<Metrics>,
 ) {
     let plugin = serving.info().name.clone();
-    // The candidate (sha256) and the share the parents were last sent for.
-    let mut last: Option<(String, u8)> = None;
+    // The canary last looked at, and the share its parents were sent for.
+    let mut last: Option<(Arc<Canary>, u8)> = None;
+    // The parents sent back after the current canary's rollback.
+    let mut sent_back: HashSet<String> = HashSet::new();
     loop {
-        let current = slot.canary();
-        let tick = current
-            .as_ref()
+        let tick = slot
+            .canary()
             .map_or(TICK, |(_, c)| TICK.min(c.policy.step / 4));
         tokio::time::sleep(tick.max(Duration::from_millis(10))).await;
-        let now = match slot.canary() {
-            Some((candidate, canary)) => {
-                canary.check(&serving, candidate.info());
-                if let Some(transition) = canary.advance(Instant::now()) {
-                    announce(&metrics, &plugin, &canary, &transition);
-                }
-                metrics.canary_share(&plugin, canary.percent());
-                Some((canary.sha256().to_string(), canary.percent()))
+        let current = slot.canary().map(|(candidate, canary)| {
+            canary.check(&serving, candidate.info());
+            if let Some(transition) = canary.advance(Instant::now()) {
+                announce(&metrics, &plugin, &canary, &transition);
             }
-            None => None,
+            metrics.canary_share(&plugin, canary.percent());
+            canary
+        });
+        let same = |a: &Arc<Canary>| current.as_ref().is_some_and(|c| Arc::ptr_eq(a, c));
+        // A candidate replaced or removed: what it served goes back.
+        let gone = last
+            .as_ref()
+            .filter(|(old, _)| !same(old))
+            .map(|(old, share)| (*share, old.served()));
+        if gone.is_some() {
+            sent_back.clear();
+            if current.is_none() {
+                metrics.canary_share(&plugin, 0);
+            }
+        }
+        let (before, after) = match (&current, &last) {
+            (Some(c), Some((old, share))) if Arc::ptr_eq(c, old) => (*share, c.percent()),
+            (Some(c), _) => (0, c.percent()),
+            (None, _) => (0, 0),
         };
-        // Every parent whose version changes is reconciled now: it moved in or out of
-        // the share, or the candidate that serves it was replaced.
-        let replaced = last.as_ref().map(|l| &l.0) != now.as_ref().map(|n| &n.0);
-        let (before, after) = (
-            last.as_ref().map_or(0, |l| l.1),
-            now.as_ref().map_or(0, |n| n.1),
-        );
-        if before != after || (replaced && before.max(after) > 0) {
-            for parent in parents.state() {
-                let uid = parent.uid().unwrap_or_default();
-                let moved = in_share(&uid, before) != in_share(&uid, after)
-                    || (replaced && in_share(&uid, after));
-                if moved
-                    && trigger
-                        .send(ObjectRef::from_obj_with(&*parent, kind.clone()))
-                        .is_err()
-                {
-                    return;
-                }
+        let rolled_back = current
+            .as_ref()
+            .filter(|c| c.rolled_back())
+            .map(|c| c.served())
+            .unwrap_or_default();
+        for parent in parents.state() {
+            let uid = parent.uid().unwrap_or_default();
+            let moved = in_share(&uid, before) != in_share(&uid, after)
+                || gone
+                    .as_ref()
+                    .is_some_and(|(share, served)| in_share(&uid, *share) || served.contains(&uid))
+                || (rolled_back.contains(&uid) && sent_back.insert(uid.clone()));
+            if moved
+                && trigger
+                    .send(ObjectRef::from_obj_with(&*parent, kind.clone()))
+                    .is_err()
+            {
+                return;
             }
         }
-        if now.is_none() && last.is_some() {
-            metrics.canary_share(&plugin, 0);
-        }
-        last = now;
+        last = current.map(|c| {
+            let share = c.percent();
+            (c, share)
+        });
     }
 }
 

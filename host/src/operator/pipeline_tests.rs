@@ -976,21 +976,93 @@ async fn a_canary_that_fails_more_than_the_serving_version_is_rolled_back_and_sa
     assert_eq!(told, failed, "exactly the parents the candidate served");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_canary_steps_up_on_its_schedule_and_each_step_reconciles_the_parents_it_moves() {
+/// A parent store of `n` Widgets `w-<i>` with UIDs `uid-<i>`, as the controller's
+/// reflector holds them.
+fn widget_store(
+    serving: &Plugin,
+    n: usize,
+) -> (
+    kube::runtime::reflector::Store<CachedParent>,
+    super::parent::ParentKind,
+    Vec<String>,
+) {
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher;
-    let (_sandbox, serving) = load("widget");
-    let (_candidate_sandbox, candidate) = load("widget");
     let resource = super::cluster::api_resource(&serving.info().parent);
     let kind = super::parent::ParentKind::new(resource.clone());
     let mut writer = Writer::new(kind.clone());
-    let uids: Vec<String> = (0..20).map(|i| format!("uid-{i}")).collect();
+    let uids: Vec<String> = (0..n).map(|i| format!("uid-{i}")).collect();
     for (i, uid) in uids.iter().enumerate() {
         let mut obj = DynamicObject::new(&format!("w-{i}"), &resource).within(NS);
         obj.metadata.uid = Some(uid.clone());
         writer.apply_watcher_event(&watcher::Event::Apply(CachedParent::new(obj)));
     }
+    (writer.as_reader(), kind, uids)
+}
+
+/// The names sent on `rx` within `within`.
+async fn sent(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<
+        kube::runtime::reflector::ObjectRef<CachedParent>,
+    >,
+    within: Duration,
+) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while let Ok(Some(r)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        names.insert(r.name.clone());
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_rolled_back_before_the_driver_looked_still_sends_its_parents_back() {
+    let (_sandbox, serving) = load("widget");
+    let (_candidate_sandbox, candidate) = load("widget-broken");
+    let (store, kind, uids) = widget_store(&serving, 20);
+    let slot = ShadowSlot::new(std::path::Path::new(SERVING_FILE));
+    let canary = canary_of(&candidate, vec![50, 100], Duration::from_secs(3600));
+    // As a reconcile does before it asks whom a parent goes to.
+    canary.check(&serving, candidate.info());
+    slot.set(Some(candidate), Some(canary.clone()));
+    // Its first reconciles fail and roll it back at once, before any look.
+    let served: Vec<&String> = uids
+        .iter()
+        .filter(|u| super::canary::in_share(u, 50))
+        .take(5)
+        .collect();
+    assert_eq!(served.len(), 5);
+    for uid in &served {
+        canary.record(super::canary::Version::Candidate, uid, Some("refused"));
+    }
+    assert_eq!(canary.percent(), 0);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(super::canary::drive(
+        slot.clone(),
+        serving,
+        store,
+        kind,
+        tx,
+        Arc::new(Metrics::default()),
+    ));
+    let expected: BTreeSet<String> = served
+        .iter()
+        .map(|u| format!("w-{}", u.trim_start_matches("uid-")))
+        .collect();
+    assert_eq!(sent(&mut rx, Duration::from_millis(1500)).await, expected);
+    // Once: not again at every look.
+    assert_eq!(
+        sent(&mut rx, Duration::from_millis(1500)).await,
+        BTreeSet::new()
+    );
+    driver.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_steps_up_on_its_schedule_and_each_step_reconciles_the_parents_it_moves() {
+    let (_sandbox, serving) = load("widget");
+    let (_candidate_sandbox, candidate) = load("widget");
+    let (store, kind, uids) = widget_store(&serving, 20);
     let name_of = |uid: &str| format!("w-{}", uid.trim_start_matches("uid-"));
     let half: BTreeSet<String> = uids
         .iter()
@@ -1012,20 +1084,12 @@ async fn a_canary_steps_up_on_its_schedule_and_each_step_reconciles_the_parents_
     let driver = tokio::spawn(super::canary::drive(
         slot.clone(),
         serving,
-        writer.as_reader(),
+        store,
         kind,
         tx,
         metrics.clone(),
     ));
-    // The names sent within `within`, once nothing more comes for a while.
-    let mut sent = async |within: Duration| -> BTreeSet<String> {
-        let mut names = BTreeSet::new();
-        let deadline = tokio::time::Instant::now() + within;
-        while let Ok(Some(r)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-            names.insert(r.name.clone());
-        }
-        names
-    };
+    let mut sent = async |within: Duration| sent(&mut rx, within).await;
     // The first step: the half, at once.
     assert_eq!(sent(Duration::from_millis(300)).await, half);
     assert_eq!(canary.percent(), 50);
