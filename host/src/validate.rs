@@ -101,6 +101,17 @@ pub enum Violation {
         /// What is wrong.
         reason: String,
     },
+    /// A Role, RoleBinding, ClusterRole or ClusterRoleBinding child grants more than a
+    /// plugin may grant.
+    #[error("child {kind} {name:?} grants too much: {reason}")]
+    Rights {
+        /// Kind of the child.
+        kind: String,
+        /// Its name.
+        name: String,
+        /// What, and what is allowed.
+        reason: String,
+    },
     /// `customize` asked for something the host does not serve.
     #[error("customize: {0}")]
     Related(String),
@@ -372,7 +383,156 @@ pub fn children(
             manifest,
         });
     }
+    rights(info, parent_ns, &out)?;
     Ok(out)
+}
+
+/// The RBAC API group.
+const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+
+/// What a plugin's Role may let a Pod do to one of the same parent's children, by name:
+/// read it and patch it. The host holds these verbs on every child kind, so the API
+/// server's own escalation check lets it create such a Role; nothing that creates,
+/// deletes or lists.
+pub const GRANTABLE_VERBS: &[&str] = &["get", "watch", "patch"];
+
+/// Rights a plugin hands out through its children: a plugin may let the Pods it runs
+/// (a ServiceAccount child) read and patch other children of the same parent, by name,
+/// and nothing else. A Role child's rules name declared child kinds (never an RBAC kind),
+/// the children of this answer by `resourceNames`, and [`GRANTABLE_VERBS`]; a RoleBinding
+/// child binds a Role child of this answer to ServiceAccount children of this answer.
+/// ClusterRoles and ClusterRoleBindings are refused: they reach beyond the namespace.
+fn rights(info: &PluginInfo, namespace: &str, children: &[ValidChild]) -> Result<(), Violation> {
+    let names_of = |group: &str, plural: &str| -> Vec<&str> {
+        children
+            .iter()
+            .filter(|c| {
+                let k = &info.children[c.kind_index];
+                k.group == group && k.plural == plural
+            })
+            .map(|c| c.name.as_str())
+            .collect()
+    };
+    for child in children {
+        let kind = &info.children[child.kind_index];
+        if kind.group != RBAC_GROUP {
+            continue;
+        }
+        let refuse = |reason: String| Violation::Rights {
+            kind: format!("{}.{}", kind.kind, kind.api_version()),
+            name: child.name.clone(),
+            reason,
+        };
+        match kind.kind.as_str() {
+            "Role" => {
+                for (i, rule) in array(&child.manifest, "rules").iter().enumerate() {
+                    role_rule(info, rule, &names_of)
+                        .map_err(|r| refuse(format!("rule {i}: {r}")))?;
+                }
+            }
+            "RoleBinding" => {
+                let role_ref = child.manifest.get("roleRef").unwrap_or(&Value::Null);
+                let field = |v: &Value, k: &str| {
+                    v.get(k)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                let role = field(role_ref, "name");
+                if field(role_ref, "apiGroup") != RBAC_GROUP
+                    || field(role_ref, "kind") != "Role"
+                    || !names_of(RBAC_GROUP, "roles").contains(&role.as_str())
+                {
+                    return Err(refuse(format!(
+                        "roleRef {} {role:?} is not a Role this parent desires",
+                        field(role_ref, "kind")
+                    )));
+                }
+                let accounts = names_of("", "serviceaccounts");
+                for subject in array(&child.manifest, "subjects") {
+                    let (kind, name) = (field(subject, "kind"), field(subject, "name"));
+                    let ns = field(subject, "namespace");
+                    if kind != "ServiceAccount"
+                        || !accounts.contains(&name.as_str())
+                        || (!ns.is_empty() && ns != namespace)
+                    {
+                        return Err(refuse(format!(
+                            "subject {kind} {name:?} is not a ServiceAccount this parent desires in its namespace"
+                        )));
+                    }
+                }
+            }
+            other => {
+                return Err(refuse(format!(
+                    "a plugin grants rights only through a Role and a RoleBinding in its parent's namespace, not a {other}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The array `key` of `v`, empty when there is none.
+fn array<'v>(v: &'v Value, key: &str) -> &'v [Value] {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// Checks one rule of a Role child (see [`rights`]).
+fn role_rule<'a>(
+    info: &PluginInfo,
+    rule: &Value,
+    names_of: &dyn Fn(&str, &str) -> Vec<&'a str>,
+) -> Result<(), String> {
+    let strings = |key: &str| -> Vec<&str> {
+        rule.get(key)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|v| v.as_str().unwrap_or("*")).collect())
+            .unwrap_or_default()
+    };
+    if !strings("nonResourceURLs").is_empty() {
+        return Err("nonResourceURLs are not a child's".into());
+    }
+    let (groups, resources, names, verbs) = (
+        strings("apiGroups"),
+        strings("resources"),
+        strings("resourceNames"),
+        strings("verbs"),
+    );
+    if names.is_empty() {
+        return Err("no resourceNames: a Role may only name the children it grants".into());
+    }
+    if let Some(verb) = verbs.iter().find(|v| !GRANTABLE_VERBS.contains(v)) {
+        return Err(format!(
+            "verb {verb:?}; a plugin may grant only {}",
+            GRANTABLE_VERBS.join(", ")
+        ));
+    }
+    if groups.is_empty() || resources.is_empty() || verbs.is_empty() {
+        return Err("apiGroups, resources and verbs are required".into());
+    }
+    for group in &groups {
+        for resource in &resources {
+            let declared = info
+                .children
+                .iter()
+                .any(|k| k.group == *group && k.plural == *resource && k.group != RBAC_GROUP);
+            if !declared {
+                return Err(format!(
+                    "{resource:?} in group {group:?} is not a child kind of the plugin (RBAC kinds never are grantable)"
+                ));
+            }
+            let children = names_of(group, resource);
+            if let Some(name) = names.iter().find(|n| !children.contains(n)) {
+                return Err(format!(
+                    "resourceName {name:?} is not a {resource} this parent desires"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Parses and checks the status object a plugin returned.
@@ -501,6 +661,186 @@ mod tests {
             out.iter().map(|c| c.kind_index).collect::<Vec<_>>(),
             vec![0, 1]
         );
+    }
+
+    /// A plugin that lets its Pods report through a ConfigMap of the same parent: a
+    /// ServiceAccount, a Role and a RoleBinding among its children.
+    fn reporting_info() -> PluginInfo {
+        let mut info = info();
+        let k = |group: &str, kind: &str, plural: &str| KindRef {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced: true,
+        };
+        info.children.extend([
+            k("", "ServiceAccount", "serviceaccounts"),
+            k(RBAC_GROUP, "Role", "roles"),
+            k(RBAC_GROUP, "RoleBinding", "rolebindings"),
+            k(RBAC_GROUP, "ClusterRole", "clusterroles"),
+            k("", "Secret", "secrets"),
+        ]);
+        info
+    }
+
+    /// The children of a well-behaved reporting plugin, with `rule` as the Role's only
+    /// rule and `binding` as the RoleBinding's roleRef and subjects.
+    fn reporting(rule: Value, binding: Value) -> Vec<String> {
+        let mut rb = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "w-agent"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "w-agent"},
+            "subjects": [{"kind": "ServiceAccount", "name": "w-agent", "namespace": "ns1"}]});
+        if let Value::Object(fields) = binding {
+            for (k, v) in fields {
+                rb[k] = v;
+            }
+        }
+        vec![
+            child(
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "w-report"}}),
+            ),
+            child(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "w-secret"}})),
+            child(
+                json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "w-agent"}}),
+            ),
+            child(
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "w-agent"}, "rules": [rule]}),
+            ),
+            child(rb),
+        ]
+    }
+
+    fn report_rule() -> Value {
+        json!({"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["w-report"],
+               "verbs": ["get", "patch"]})
+    }
+
+    #[test]
+    fn a_role_may_let_the_pods_patch_a_child_of_the_same_parent_by_name() {
+        let out = children(
+            &reporting_info(),
+            &parent(),
+            &reporting(report_rule(), json!({})),
+        );
+        assert!(out.is_ok(), "{out:?}");
+    }
+
+    #[test]
+    fn a_plugin_that_tries_to_grant_more_is_refused_with_what_it_tried() {
+        let rule = |patch: Value| {
+            let mut r = report_rule();
+            for (k, v) in patch.as_object().unwrap() {
+                r[k] = v.clone();
+            }
+            r
+        };
+        let cases = [
+            // Every ConfigMap of the namespace, not one by name.
+            (
+                rule(json!({"resourceNames": null})),
+                json!({}),
+                "no resourceNames",
+            ),
+            // A ConfigMap this parent does not have (another tenant's).
+            (
+                rule(json!({"resourceNames": ["kube-root-ca.crt"]})),
+                json!({}),
+                "resourceName \"kube-root-ca.crt\" is not a configmaps this parent desires",
+            ),
+            // Delete, create, list, escalate, a wildcard.
+            (
+                rule(json!({"verbs": ["get", "delete"]})),
+                json!({}),
+                "verb \"delete\"",
+            ),
+            (rule(json!({"verbs": ["list"]})), json!({}), "verb \"list\""),
+            (rule(json!({"verbs": ["*"]})), json!({}), "verb \"*\""),
+            (
+                rule(json!({"verbs": ["escalate"]})),
+                json!({}),
+                "verb \"escalate\"",
+            ),
+            // Its own Secret is a child, but the wildcard group is not.
+            (
+                rule(
+                    json!({"apiGroups": ["*"], "resources": ["secrets"], "resourceNames": ["w-secret"]}),
+                ),
+                json!({}),
+                "\"secrets\" in group \"*\"",
+            ),
+            // Pods are no child of it.
+            (
+                rule(json!({"resources": ["pods"], "resourceNames": ["w-0"]})),
+                json!({}),
+                "\"pods\" in group \"\" is not a child kind",
+            ),
+            // Rights over RBAC objects, even its own.
+            (
+                rule(
+                    json!({"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "resourceNames": ["w-agent"]}),
+                ),
+                json!({}),
+                "RBAC kinds never are grantable",
+            ),
+            // Subresources.
+            (
+                rule(json!({"resources": ["configmaps/status"]})),
+                json!({}),
+                "not a child kind",
+            ),
+            (
+                rule(json!({"nonResourceURLs": ["/metrics"]})),
+                json!({}),
+                "nonResourceURLs",
+            ),
+            // Bindings: to a ClusterRole (cluster-admin), to a user, to another namespace's
+            // service account, to an account it does not make.
+            (
+                report_rule(),
+                json!({"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"}}),
+                "roleRef ClusterRole \"cluster-admin\"",
+            ),
+            (
+                report_rule(),
+                json!({"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "admin"}}),
+                "roleRef Role \"admin\"",
+            ),
+            (
+                report_rule(),
+                json!({"subjects": [{"kind": "User", "name": "alice"}]}),
+                "subject User \"alice\"",
+            ),
+            (
+                report_rule(),
+                json!({"subjects": [{"kind": "ServiceAccount", "name": "w-agent", "namespace": "kube-system"}]}),
+                "in its namespace",
+            ),
+            (
+                report_rule(),
+                json!({"subjects": [{"kind": "ServiceAccount", "name": "default"}]}),
+                "subject ServiceAccount \"default\"",
+            ),
+        ];
+        for (rule, binding, says) in cases {
+            let err = children(
+                &reporting_info(),
+                &parent(),
+                &reporting(rule.clone(), binding.clone()),
+            )
+            .expect_err(&format!("{rule} {binding} was accepted"));
+            assert!(matches!(err, Violation::Rights { .. }), "{err}");
+            assert!(err.to_string().contains(says), "{says:?} not in: {err}");
+        }
+        // A ClusterRole, even declared, is never a child one may hand out.
+        let mut raw = reporting(report_rule(), json!({}));
+        raw.push(child(
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "w"}, "rules": []}),
+        ));
+        let err = children(&reporting_info(), &parent(), &raw).unwrap_err();
+        assert!(err.to_string().contains("not a ClusterRole"), "{err}");
     }
 
     #[test]

@@ -56,6 +56,12 @@
 #   PEER_TIMEOUT          seconds to wait for another instance's answer      (3)
 #   PROMOTE_HOLD          seconds between adopting an epoch that names this
 #                         instance and promoting it (see step 4 above)       (0)
+#   REPORT_CONFIGMAP      the ConfigMap this instance reports its role, timeline
+#                         and WAL position to, as key POD_NAME, in POD_NAMESPACE,
+#                         with the Pod's service account token (curl); unset:
+#                         no reports                                         ()
+#   REPORT_INTERVAL       seconds between two reports that only move the WAL
+#                         position (a new role, timeline or epoch is at once) (10)
 #
 # The topology file, one setting per line (members repeat):
 #   epoch=3
@@ -100,6 +106,7 @@ BASEBACKUP_ATTEMPTS=${BASEBACKUP_ATTEMPTS:-60}
 AGENT_INTERVAL=${AGENT_INTERVAL:-1}
 PEER_TIMEOUT=${PEER_TIMEOUT:-3}
 PROMOTE_HOLD=${PROMOTE_HOLD:-0}
+REPORT_INTERVAL=${REPORT_INTERVAL:-10}
 SCRIPT=${BASH_SOURCE[0]}
 
 # Data is prepared beside PGDATA and moved into place when complete, so a crash halfway
@@ -564,6 +571,71 @@ primary_of_epoch() {
 	fi
 }
 
+# --- reports to the plugin -----------------------------------------------------------
+
+# This instance as the plugin sees it (docs/postgresql.md, Reports), on one line:
+#   epoch=3 role=primary timeline=2 lsn=0/5000060 lag=demo-0:0,demo-2:8192
+#   epoch=3 role=standby timeline=2 lsn=0/5000060
+# A primary's lsn is where its WAL ends, with each streaming standby's replay lag in
+# bytes; a standby's is how far it has replayed.
+report_line() {
+	local line
+	line=$(local_sql "SELECT CASE WHEN pg_is_in_recovery()
+		THEN format('role=standby timeline=%s lsn=%s', (SELECT timeline_id FROM pg_control_checkpoint()),
+			coalesce(pg_last_wal_replay_lsn()::text, '0/0'))
+		ELSE format('role=primary timeline=%s lsn=%s lag=%s', (SELECT timeline_id FROM pg_control_checkpoint()),
+			pg_current_wal_lsn(),
+			coalesce((SELECT string_agg(application_name || ':' ||
+				coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint::text, '-1'), ',' ORDER BY application_name)
+				FROM pg_stat_replication WHERE state = 'streaming'), ''))
+		END") || return 1
+	printf 'epoch=%s %s' "$T_EPOCH" "$line"
+}
+
+REPORTED_AT=-100000
+REPORTED_KEY=''
+REPORT_ERROR=''
+
+# Sends the report when its role, timeline or epoch changed, else every REPORT_INTERVAL
+# (this machine's uptime, compared with itself only). A report that fails is tried
+# again at the next change or interval, and logged once per distinct error.
+report_maybe() {
+	[ -n "${REPORT_CONFIGMAP:-}" ] || return 0
+	local line key now
+	line=$(report_line 2>/dev/null) || return 0
+	key=${line%% lsn=*}
+	now=$(uptime_seconds)
+	[ "$key" != "$REPORTED_KEY" ] || [ $((now - REPORTED_AT)) -ge "$REPORT_INTERVAL" ] || return 0
+	REPORTED_AT=$now
+	local error
+	if error=$(send_report "$line"); then
+		REPORTED_KEY=$key
+		[ -z "$REPORT_ERROR" ] || log "reports to $REPORT_CONFIGMAP go through again"
+		REPORT_ERROR=''
+	elif [ "$error" != "$REPORT_ERROR" ]; then
+		REPORT_ERROR=$error
+		log "cannot report to $REPORT_CONFIGMAP (tried again in ${REPORT_INTERVAL}s): $error"
+	fi
+}
+
+# PATCHes this instance's key of REPORT_CONFIGMAP with `line`; says why on stdout when
+# it cannot.
+send_report() {
+	local account=/var/run/secrets/kubernetes.io/serviceaccount host status
+	command -v curl >/dev/null || { echo "curl is not in the image"; return 1; }
+	[ -r "$account/token" ] || { echo "no service account token in $account"; return 1; }
+	host=${KUBERNETES_SERVICE_HOST:-}
+	[ -n "$host" ] || { echo "KUBERNETES_SERVICE_HOST is not set"; return 1; }
+	case $host in *:*) host="[$host]" ;; esac
+	status=$(curl -sS --max-time "$PEER_TIMEOUT" --cacert "$account/ca.crt" \
+		-H "Authorization: Bearer $(cat "$account/token")" \
+		-H 'Content-Type: application/merge-patch+json' -X PATCH \
+		--data "{\"data\":{\"$POD_NAME\":\"$1\"}}" -o /dev/null -w '%{http_code}' \
+		"https://$host:${KUBERNETES_SERVICE_PORT:-443}/api/v1/namespaces/${POD_NAMESPACE:-default}/configmaps/$REPORT_CONFIGMAP" 2>&1) ||
+		{ echo "${status:-curl failed}"; return 1; }
+	[ "$status" = 200 ] || { echo "the API server answered $status"; return 1; }
+}
+
 agent_loop() {
 	local recovering
 	while :; do
@@ -616,6 +688,7 @@ agent_loop() {
 				fi
 			fi
 		fi
+		report_maybe
 		sleep "$AGENT_INTERVAL" &
 		wait $! || true
 	done
@@ -734,5 +807,10 @@ case ${1:-run} in
 run) run ;;
 ready) probe_ready ;;
 live) probe_live ;;
-*) die "unknown command $1 (run, ready or live)" ;;
+report)
+	# What the agent would report now (for tests and for a look by hand).
+	read_topology "$adopted_file" || exit 1
+	report_line && echo
+	;;
+*) die "unknown command $1 (run, ready, live or report)" ;;
 esac

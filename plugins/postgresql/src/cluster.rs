@@ -91,6 +91,17 @@ impl Cluster {
         format!("{}-topology", self.name)
     }
 
+    /// The ConfigMap the instances' agents report to (see [`crate::report`]).
+    pub fn reports(&self) -> String {
+        format!("{}-report", self.name)
+    }
+
+    /// The instances' ServiceAccount, and the Role and RoleBinding that let it patch
+    /// [`Cluster::reports`] and nothing else.
+    pub fn agent(&self) -> String {
+        format!("{}-instance", self.name)
+    }
+
     /// The first primary: ordinal 0 of the StatefulSet.
     pub fn first_primary(&self) -> String {
         format!("{}-0", self.name)

@@ -32,6 +32,7 @@ pub mod cron;
 pub mod manifests;
 pub mod observed;
 pub mod quantity;
+pub mod report;
 pub mod spec;
 pub mod status;
 pub mod teardown;
@@ -42,9 +43,12 @@ use std::time::{Duration, SystemTime};
 use capstan_sdk::prelude::*;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::CronJob;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
@@ -53,6 +57,7 @@ use crate::convert::Version as ApiVersion;
 use crate::credentials::Credentials;
 use crate::manifests::Children;
 use crate::observed::Running;
+use crate::report::Reports;
 use crate::spec::{ClusterSpec, Config, Refusal};
 use crate::status::{Assessment, ClusterStatus, Phase};
 use crate::topology::{Change, Decision, Instance, Instances, Published, Recorded};
@@ -101,6 +106,9 @@ impl Plugin for PostgresPlugin {
         .child(KindRef::of::<CronJob>())
         .child(KindRef::of::<PersistentVolumeClaim>())
         .child(KindRef::of::<EndpointSlice>())
+        .child(KindRef::of::<ServiceAccount>())
+        .child(KindRef::of::<Role>())
+        .child(KindRef::of::<RoleBinding>())
         .related(KindRef::of::<Pod>())
         .crd_json(CRD_JSON)
         .with_finalizer()
@@ -262,12 +270,15 @@ fn refuse(
     Ok(desired)
 }
 
-/// The topology decided for this reconcile, and the instance Pods it was decided from.
+/// The topology decided for this reconcile, the instance Pods it was decided from, and
+/// what the instances last reported.
 pub struct Topology {
     /// What to publish.
     pub decision: Decision,
     /// The instance Pods, by name.
     pub instances: Instances,
+    /// The agents' reports (shown, never decided on).
+    pub reports: Reports,
 }
 
 impl Topology {
@@ -326,6 +337,7 @@ impl Topology {
         Ok(Topology {
             decision,
             instances,
+            reports: Reports::observe(ctx, cluster, replicas)?,
         })
     }
 
@@ -338,12 +350,19 @@ impl Topology {
                 to,
                 not_ready_for,
             }) => {
+                let standbys: Vec<&str> = self
+                    .instances
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|name| name != from)
+                    .collect();
                 desired.event(Event::warning(
                     "Failover",
                     format!(
-                        "primary {from} not ready for {}s: promoting {to} (epoch {}); it catches up with the most advanced standby first",
+                        "primary {from} not ready for {}s: promoting {to} (epoch {}); it catches up with the most advanced standby first; {}",
                         not_ready_for.as_secs(),
-                        d.epoch
+                        d.epoch,
+                        self.reports.positions(&standbys)
                     ),
                 ));
             }
@@ -360,8 +379,9 @@ impl Topology {
                 desired.event(Event::normal(
                     "Switchover",
                     format!(
-                        "handing the primary role from {from} to {to} (epoch {}): {why}",
-                        d.epoch
+                        "handing the primary role from {from} to {to} (epoch {}): {why}; {}",
+                        d.epoch,
+                        self.reports.positions(&[from.as_str(), to.as_str()])
                     ),
                 ));
             }
@@ -376,6 +396,27 @@ impl Topology {
             }
             Some(Change::Created) | None => {}
         }
+    }
+
+    /// The ready standbys the serving primary reports more than
+    /// [`report::LAG_LIMIT`] behind, in one line, if any.
+    fn lagging(&self) -> Option<String> {
+        let d = &self.decision;
+        let primary = d.current_primary.as_deref().filter(|p| *p == d.primary)?;
+        let lagging: Vec<String> = self
+            .reports
+            .lagging(primary)
+            .into_iter()
+            .filter(|(name, _)| self.instances.get(name).is_some_and(Instance::serving))
+            .map(|(name, lag)| format!("{name} replays {} behind {primary}", report::bytes(lag)))
+            .collect();
+        (!lagging.is_empty()).then(|| {
+            format!(
+                "{} (more than {} behind)",
+                lagging.join(", "),
+                report::bytes(report::LAG_LIMIT)
+            )
+        })
     }
 
     /// The phase, corrected by the topology: no primary serving, or one becoming primary,
@@ -397,6 +438,8 @@ impl Topology {
                 "PrimaryNotReady",
                 format!("primary {} not ready since {since}", d.primary),
             )
+        } else if let Some(lagging) = self.lagging() {
+            ("StandbyLagging", lagging)
         } else {
             return assessment;
         };
@@ -477,6 +520,7 @@ fn report(
         primary_not_ready_since: d.not_ready_since.map(|t| t.to_string()),
         fencing: d.fencing.clone(),
         target_ready_transition: d.target_ready_transition.clone(),
+        instances: topology.reports.status(&d.primary),
     })?;
     desired.condition(Condition::new(
         "Ready",

@@ -15,11 +15,12 @@ use k8s_openapi::api::core::v1::{
     ObjectFieldSelector, ObjectReference, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
     PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecurityContext, Service,
-    ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
     WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -63,6 +64,12 @@ pub struct Children {
     pub secret: k8s_openapi::api::core::v1::Secret,
     /// The scripts ConfigMap.
     pub scripts: ConfigMap,
+    /// The instances' ServiceAccount, the Role that lets it patch the report
+    /// ConfigMap (and nothing else), and their RoleBinding.
+    pub agent: (ServiceAccount, Role, RoleBinding),
+    /// The ConfigMap the agents report to: no data of the plugin's own, each agent
+    /// patches its key.
+    pub reports: ConfigMap,
     /// Headless, read-write, read and read-only Services.
     pub services: [Service; 4],
     /// The endpoints of the read-write and read-only Services.
@@ -115,6 +122,11 @@ impl Children {
             topology: topology_config_map(cluster, decision),
             secret,
             scripts: scripts_config_map(cluster),
+            agent: agent_rights(cluster),
+            reports: ConfigMap {
+                metadata: meta(cluster.reports(), cluster),
+                ..Default::default()
+            },
             services: [
                 headless_service(cluster),
                 routed_service(cluster, cluster.read_write()),
@@ -140,7 +152,11 @@ impl Children {
         desired
             .child(&self.topology)?
             .child(&self.secret)?
-            .child(&self.scripts)?;
+            .child(&self.scripts)?
+            .child(&self.agent.0)?
+            .child(&self.agent.1)?
+            .child(&self.agent.2)?
+            .child(&self.reports)?;
         for service in &self.services {
             desired.child(service)?;
         }
@@ -159,6 +175,40 @@ impl Children {
         }
         Ok(())
     }
+}
+
+/// The rights of the instances' Pods: `get` and `patch` on the report ConfigMap, by
+/// name, through a ServiceAccount of their own (docs/postgresql.md, Reports).
+fn agent_rights(cluster: &Cluster) -> (ServiceAccount, Role, RoleBinding) {
+    let account = ServiceAccount {
+        metadata: meta(cluster.agent(), cluster),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: meta(cluster.agent(), cluster),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["configmaps".into()]),
+            resource_names: Some(vec![cluster.reports()]),
+            verbs: vec!["get".into(), "patch".into()],
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta(cluster.agent(), cluster),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: cluster.agent(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: cluster.agent(),
+            namespace: Some(cluster.namespace().into()),
+            ..Default::default()
+        }]),
+    };
+    (account, role, binding)
 }
 
 fn meta(name: String, cluster: &Cluster) -> ObjectMeta {
@@ -406,8 +456,20 @@ fn instance_pod(cluster: &Cluster, config: &Config) -> PodSpec {
             }),
             ..Default::default()
         },
+        EnvVar {
+            name: "POD_NAMESPACE".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.namespace".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
         env("PGDATA", PGDATA),
         env("PG_PORT", PORT.to_string()),
+        env("REPORT_CONFIGMAP", cluster.reports()),
         env(
             "TOPOLOGY_FILE",
             format!("{TOPOLOGY_MOUNT}/{}", topology::TOPOLOGY_KEY),
@@ -482,6 +544,9 @@ fn instance_pod(cluster: &Cluster, config: &Config) -> PodSpec {
     PodSpec {
         containers: vec![container],
         security_context: Some(pod_security()),
+        // Its token lets the agent patch the report ConfigMap, and nothing else.
+        service_account_name: Some(cluster.agent()),
+        automount_service_account_token: Some(true),
         termination_grace_period_seconds: Some(60),
         affinity: Some(spread_across_nodes(cluster)),
         volumes: Some(vec![

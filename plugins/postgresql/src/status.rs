@@ -61,6 +61,10 @@ pub struct ClusterStatus {
     /// its readiness has changed since (it was ready as a standby then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_ready_transition: Option<String>,
+    /// What each instance's agent last reported: role, timeline, WAL position and a
+    /// standby's replay lag ([`crate::report`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<crate::report::InstanceStatus>,
 }
 
 /// A judgement of the cluster: its phase and why.

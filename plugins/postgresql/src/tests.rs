@@ -156,7 +156,10 @@ fn describe_declares_the_parent_children_and_crd() {
             "PodDisruptionBudget.policy/v1",
             "CronJob.batch/v1",
             "PersistentVolumeClaim.v1",
-            "EndpointSlice.discovery.k8s.io/v1"
+            "EndpointSlice.discovery.k8s.io/v1",
+            "ServiceAccount.v1",
+            "Role.rbac.authorization.k8s.io/v1",
+            "RoleBinding.rbac.authorization.k8s.io/v1"
         ]
     );
     let crd: Value = serde_json::from_str(info.crd.as_deref().unwrap()).unwrap();
@@ -195,6 +198,10 @@ fn a_new_cluster_gets_every_child_and_is_pending() {
             "ConfigMap/pg-topology",
             "Secret/pg-credentials",
             "ConfigMap/pg-scripts",
+            "ServiceAccount/pg-instance",
+            "Role/pg-instance",
+            "RoleBinding/pg-instance",
+            "ConfigMap/pg-report",
             "Service/pg",
             "Service/pg-rw",
             "Service/pg-r",
@@ -795,6 +802,10 @@ fn teardown_goes_in_waves_from_what_is_observed() {
         [
             "ConfigMap/pg-topology",
             "ConfigMap/pg-scripts",
+            "ServiceAccount/pg-instance",
+            "Role/pg-instance",
+            "RoleBinding/pg-instance",
+            "ConfigMap/pg-report",
             "PodDisruptionBudget/pg",
             "PersistentVolumeClaim/pg-dumps"
         ]
@@ -887,5 +898,97 @@ fn teardown_does_not_depend_on_the_spec() {
             "EndpointSlice/pg-ro",
             "EndpointSlice/pg-rw"
         ]
+    );
+}
+
+/// The observed children with the report ConfigMap holding `reports`.
+fn with_reports(mut children: Vec<Value>, reports: Value) -> Vec<Value> {
+    let report = children
+        .iter_mut()
+        .find(|c| c["kind"] == "ConfigMap" && c["metadata"]["name"] == "pg-report")
+        .expect("the report ConfigMap is a child");
+    report["data"] = reports;
+    children
+}
+
+#[test]
+fn the_agents_reports_show_in_the_status_and_a_lagging_standby_degrades_the_cluster() {
+    let p = |status: Value| parent(spec(3, "16.1", "1Gi", None), status);
+    let first = ok(p(Value::Null), vec![]);
+    let running = ok(p(Value::Null), observed(&first, 3));
+    assert_eq!(phase(&running), "Running");
+    let status = running.status_value().unwrap().clone();
+    assert_eq!(status["currentPrimary"], "pg-0");
+    assert!(status.get("instances").is_none(), "no report yet: {status}");
+
+    let reports = |pg2_lag: u64| {
+        json!({
+            "pg-0": format!("epoch=1 role=primary timeline=1 lsn=0/9000000 lag=pg-1:0,pg-2:{pg2_lag}"),
+            "pg-1": "epoch=1 role=standby timeline=1 lsn=0/9000000",
+            "pg-2": "epoch=1 role=standby timeline=1 lsn=0/7000000",
+            // Not an instance of the cluster, and not a report: left out.
+            "pg-9": "epoch=1 role=standby timeline=1 lsn=0/1",
+            "pg-1x": "garbage",
+        })
+    };
+    let lagging = ok(
+        p(status.clone()),
+        with_reports(observed(&first, 3), reports(20_000_000)),
+    );
+    assert_eq!(phase(&lagging), "Degraded");
+    let condition = ready_condition(&lagging);
+    assert_eq!(condition.reason, "StandbyLagging");
+    assert_eq!(
+        condition.message,
+        "pg-2 replays 19.1 MiB behind pg-0 (more than 16.0 MiB behind)"
+    );
+    assert_eq!(
+        lagging.status_value().unwrap()["instances"],
+        json!([
+            {"name": "pg-0", "role": "primary", "timeline": 1, "lsn": "0/9000000"},
+            {"name": "pg-1", "role": "standby", "timeline": 1, "lsn": "0/9000000", "replayLagBytes": 0},
+            {"name": "pg-2", "role": "standby", "timeline": 1, "lsn": "0/7000000", "replayLagBytes": 20_000_000},
+        ])
+    );
+    // Caught up: Running again.
+    let caught_up = ok(p(status), with_reports(observed(&first, 3), reports(4096)));
+    assert_eq!(phase(&caught_up), "Running");
+}
+
+#[test]
+fn a_failover_event_names_the_standbys_last_reported_positions() {
+    let p = |status: Value| {
+        let mut s = spec(3, "16.1", "1Gi", None);
+        s["failoverDelay"] = json!(0);
+        parent(s, status)
+    };
+    let first = ok(p(Value::Null), vec![]);
+    let running = ok(p(Value::Null), observed(&first, 3));
+    let children = with_reports(
+        observed(&first, 3),
+        json!({
+            "pg-0": "epoch=1 role=primary timeline=1 lsn=0/9000000 lag=pg-1:0,pg-2:4096",
+            "pg-1": "epoch=1 role=standby timeline=1 lsn=0/9000000",
+            "pg-2": "epoch=1 role=standby timeline=1 lsn=0/8FFF000",
+        }),
+    );
+    // pg-0 is not ready: first seen so (the delay starts), then the failover.
+    let pods = || vec![pod("pg-0", false), pod("pg-1", true), pod("pg-2", true)];
+    let mut status = running.status_value().unwrap().clone();
+    let mut failover = None;
+    for _ in 0..3 {
+        let d = reconcile_with_pods(p(status.clone()), children.clone(), pods()).unwrap();
+        status = d.status_value().unwrap().clone();
+        if let Some(e) = d.events().iter().find(|e| e.reason == "Failover") {
+            failover = Some(e.message.clone());
+            break;
+        }
+    }
+    let message = failover.expect("a failover");
+    assert!(
+        message.ends_with(
+            "last reported WAL positions: pg-1 at 0/9000000 (timeline 1), pg-2 at 0/8FFF000 (timeline 1)"
+        ),
+        "{message}"
     );
 }

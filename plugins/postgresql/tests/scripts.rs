@@ -430,6 +430,20 @@ impl Instance<'_> {
         cmd.status().unwrap().success()
     }
 
+    /// What the entrypoint's `command` prints for the instance `pod` (trimmed), if it
+    /// succeeds.
+    fn output(&self, command: &str, pod: &str, port: u16) -> Option<String> {
+        let mut cmd = self.tools.unprivileged("bash");
+        cmd.arg(self.scripts.join(scripts::ENTRYPOINT_FILE))
+            .arg(command)
+            .stderr(Stdio::null());
+        self.environment(&mut cmd, pod, port, APP_PASSWORD);
+        let out = cmd.output().unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
     /// The environment the StatefulSet gives the instance `pod`.
     fn environment(&self, cmd: &mut Command, pod: &str, port: u16, app_password: &str) {
         let home = self.root.join(pod);
@@ -554,6 +568,30 @@ fn primary_and_standby_replicate_and_the_dump_restores() {
             .ok()
             .filter(|n| n == "streamed")
     });
+    // What the agents report to the plugin: the primary its WAL position and the
+    // standby's replay lag in bytes, the standby how far it replayed.
+    let primary_report = eventually("the primary to report pg-1 streaming", || {
+        instances
+            .output("report", "pg-0", primary_port)
+            .filter(|r| r.contains(" lag=pg-1:"))
+    });
+    let fields: Vec<&str> = primary_report.split(' ').collect();
+    assert_eq!(
+        fields[..3],
+        ["epoch=1", "role=primary", "timeline=1"],
+        "{primary_report}"
+    );
+    assert!(fields[3].starts_with("lsn=0/"), "{primary_report}");
+    let lag: i64 = fields[4]
+        .strip_prefix("lag=pg-1:")
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_else(|| panic!("a lag in bytes: {primary_report}"));
+    assert!(lag >= 0, "{primary_report}");
+    let standby_report = instances.output("report", "pg-1", standby_port).unwrap();
+    assert!(
+        standby_report.starts_with("epoch=1 role=standby timeline=1 lsn=0/"),
+        "{standby_report}"
+    );
     assert_eq!(
         tools.psql(
             standby_port,

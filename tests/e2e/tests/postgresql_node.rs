@@ -22,7 +22,7 @@ use capstan_e2e::node::{
     await_ready_pods, exec, image_of, kubectl, kubectl_with_input, real_node, require_images,
     superuser_sql,
 };
-use capstan_e2e::objects::postgres_kind;
+use capstan_e2e::objects::{events_about, postgres_kind};
 use capstan_e2e::operator::{Operator, plugin};
 use capstan_e2e::{TestNamespace, client, wait_for};
 use k8s_openapi::api::batch::v1::Job;
@@ -662,6 +662,27 @@ async fn failover_and_switchover_under_load_lose_no_acknowledged_commit() {
     })
     .await
     .unwrap_or_else(|e| fail(e));
+    // The agents report through the API server, with nothing but the right to patch
+    // the report ConfigMap: every instance in the status, ha-0 as the primary.
+    wait_for("every instance's report in the status", T, || async {
+        let reported = status_of(&client, &ns, "instances").await;
+        let roles: Vec<String> = reported
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| {
+                format!(
+                    "{}:{}:{}",
+                    i["name"].as_str().unwrap_or("?"),
+                    i["role"].as_str().unwrap_or("?"),
+                    i["timeline"]
+                )
+            })
+            .collect();
+        Ok((roles == ["ha-0:primary:1", "ha-1:standby:1", "ha-2:standby:1"]).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
 
     let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
     let writer: Pod = serde_json::from_value(writer_pod("ha-credentials")).unwrap();
@@ -820,6 +841,79 @@ async fn failover_and_switchover_under_load_lose_no_acknowledged_commit() {
     .unwrap_or_default();
     assert!(events.contains("Failover"), "{events}");
     assert!(events.contains("Switchover"), "{events}");
+    // With the positions the agents last reported.
+    let failover = events_about(&client, &ns, "ha", "Warning", "Failover").await;
+    let note = failover
+        .first()
+        .and_then(|e| e.message.clone())
+        .unwrap_or_default();
+    assert!(
+        note.contains("last reported WAL positions: ha-1 at ")
+            && note.contains("(timeline 1), ha-2 at "),
+        "{note}"
+    );
+    let switchover = events_about(&client, &ns, "ha", "Normal", "Switchover").await;
+    let note = switchover
+        .first()
+        .and_then(|e| e.message.clone())
+        .unwrap_or_default();
+    assert!(
+        note.contains(&format!("last reported WAL positions: {primary} at "))
+            && note.contains("ha-0 at "),
+        "{note}"
+    );
+
+    // A standby that stops replaying while the primary writes lags: Degraded, with the
+    // lag, until it replays again.
+    let lagging = if primary == "ha-1" { "ha-2" } else { "ha-1" };
+    superuser_sql(
+        &ns,
+        lagging,
+        "postgres",
+        "postgres",
+        "select pg_wal_replay_pause()",
+    )
+    .unwrap_or_else(|e| fail(e));
+    superuser_sql(
+        &ns,
+        "ha-0",
+        "postgres",
+        "postgres",
+        "create table wal_filler as select repeat('x', 1000) as filler from generate_series(1, 30000)",
+    )
+    .unwrap_or_else(|e| fail(e));
+    let reason = |client: Client, ns: String| async move {
+        Api::<DynamicObject>::namespaced_with(client, &ns, &postgres_kind())
+            .get("ha")
+            .await
+            .ok()
+            .and_then(|o| capstan_e2e::objects::ready_condition(&o))
+    };
+    let degraded = wait_for("Degraded with the lagging standby", T, || async {
+        Ok(reason(client.clone(), ns.clone())
+            .await
+            .filter(|(_, reason, _)| reason == "StandbyLagging"))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(
+        degraded.2.starts_with(&format!("{lagging} replays ")),
+        "{degraded:?}"
+    );
+    assert_eq!(status_of(&client, &ns, "phase").await, "Degraded");
+    superuser_sql(
+        &ns,
+        lagging,
+        "postgres",
+        "postgres",
+        "select pg_wal_replay_resume()",
+    )
+    .unwrap_or_else(|e| fail(e));
+    wait_for("Running again once it replayed", T, || async {
+        Ok((status_of(&client, &ns, "phase").await == "Running").then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
     eprintln!(
         "write outage: failover {failover_gap:.1} s ({primary} primary {promoted:.1} s after the primary's Pod was deleted; the host restarted and the plugin reloaded meanwhile), switchover {switchover_gap:.1} s; {} commits acknowledged, none lost",
         acknowledged(&ns).unwrap().len()

@@ -82,9 +82,12 @@ impl Release {
 
 /// The Debian release of the base, and what it adds to `minbase`: the libraries the
 /// binaries link against (see their `NEEDED` entries), the time zones
-/// (`--with-system-tzdata`) and the locales.
+/// (`--with-system-tzdata`), the locales, and curl for the agent's reports (the
+/// official image has no curl: there the reports are missing, nothing else).
 const SUITE: &str = "bookworm";
 const PACKAGES: &[&str] = &[
+    // The agent reports to the plugin through the API server (docs/postgresql.md).
+    "curl",
     "libgssapi-krb5-2",
     "liblz4-1",
     "libossp-uuid16",
