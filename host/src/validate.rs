@@ -617,14 +617,18 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn info() -> PluginInfo {
-        let k = |group: &str, kind: &str, plural: &str| KindRef {
+    /// A namespaced kind of version v1.
+    fn k(group: &str, kind: &str, plural: &str) -> KindRef {
+        KindRef {
             group: group.into(),
             version: "v1".into(),
             kind: kind.into(),
             plural: plural.into(),
             namespaced: true,
-        };
+        }
+    }
+
+    fn info() -> PluginInfo {
         PluginInfo {
             name: "widget".into(),
             version: "0.1.0".into(),
@@ -667,13 +671,6 @@ mod tests {
     /// ServiceAccount, a Role and a RoleBinding among its children.
     fn reporting_info() -> PluginInfo {
         let mut info = info();
-        let k = |group: &str, kind: &str, plural: &str| KindRef {
-            group: group.into(),
-            version: "v1".into(),
-            kind: kind.into(),
-            plural: plural.into(),
-            namespaced: true,
-        };
         info.children.extend([
             k("", "ServiceAccount", "serviceaccounts"),
             k(RBAC_GROUP, "Role", "roles"),

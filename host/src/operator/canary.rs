@@ -581,8 +581,17 @@ mod tests {
                 assert!(in_share(u, 50) && in_share(u, 100), "{u}");
             }
         }
-        // Every replica computes the same.
-        assert_eq!(in_share("a", 37), in_share("a", 37));
+        // Every replica, of any version, computes the same: the positions are pinned
+        // (a change of the hash would move parents between versions mid-canary when
+        // replicas of two host versions share them).
+        for (uid, position) in [
+            ("uid-0", 695),
+            ("uid-1", 6472),
+            ("5f362ddd-9692-4340-be0c-be76df9a45cd", 4378),
+        ] {
+            assert_eq!(super::position(uid), position, "{uid}");
+        }
+        assert!(in_share("uid-0", 7) && !in_share("uid-0", 6));
     }
 
     #[test]

@@ -220,6 +220,18 @@ impl Scenario {
         }
     }
 
+    /// The scenario's metrics, with its plugin listed in `/plugins` as serving from
+    /// [`SERVING_FILE`] (where shadows and canaries are shown).
+    fn served_as_a_file(&self) -> Arc<Metrics> {
+        let metrics = self.ctx.metrics.clone();
+        metrics.set_plugin(super::metrics::PluginState::of(
+            std::path::Path::new(SERVING_FILE),
+            Some(&self.plugin),
+            None,
+        ));
+        metrics
+    }
+
     /// A mark in the request log, for [`Scenario::writes_since`].
     fn mark(&self) -> usize {
         self.calls.all().len()
@@ -786,12 +798,7 @@ async fn a_failover_decision_is_never_taken_on_a_stale_cache() {
 async fn a_shadow_version_is_compared_on_every_reconcile_and_never_applied() {
     use capstan_e2e::operator::{plugin, uuid_other_build};
     let s = Scenario::with(load_file(plugin("uuid")), None);
-    let metrics = s.ctx.metrics.clone();
-    metrics.set_plugin(super::metrics::PluginState::of(
-        std::path::Path::new(SERVING_FILE),
-        Some(&s.plugin),
-        None,
-    ));
+    let metrics = s.served_as_a_file();
     // 100 Uuids; 99 reconciled by the serving version (they hold their UUID in the
     // status), one not yet.
     let names: Vec<String> = (0..100).map(|i| format!("u-{i:03}")).collect();
@@ -866,12 +873,7 @@ fn uid_of(s: &Scenario, path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_that_fails_more_than_the_serving_version_is_rolled_back_and_says_so() {
     let mut s = Scenario::new("widget");
-    let metrics = s.ctx.metrics.clone();
-    metrics.set_plugin(super::metrics::PluginState::of(
-        std::path::Path::new(SERVING_FILE),
-        Some(&s.plugin),
-        None,
-    ));
+    let metrics = s.served_as_a_file();
     let names: Vec<String> = (0..40).map(|i| format!("w-{i:02}")).collect();
     let paths: Vec<String> = names
         .iter()

@@ -11,8 +11,9 @@
 #
 # The plugin decides the roles and writes them to the topology file (a ConfigMap the
 # kubelet mounts): an epoch, the primary of that epoch, how many standbys must confirm
-# a commit, and every member's address. The agent needs no API rights and no clock
-# shared with the other instances. It only ever moves forward: the highest epoch it
+# a commit, and every member's address. Following it needs no API rights and no clock
+# shared with the other instances (the reports below use the Pod's token, which may
+# patch one ConfigMap and nothing else). It only ever moves forward: the highest epoch it
 # adopted is kept on the volume (beside PGDATA), and a file that shows an older epoch
 # (a kubelet that has not caught up) or another primary for an epoch already adopted is
 # ignored.

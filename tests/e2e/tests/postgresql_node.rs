@@ -842,21 +842,20 @@ async fn failover_and_switchover_under_load_lose_no_acknowledged_commit() {
     assert!(events.contains("Failover"), "{events}");
     assert!(events.contains("Switchover"), "{events}");
     // With the positions the agents last reported.
-    let failover = events_about(&client, &ns, "ha", "Warning", "Failover").await;
-    let note = failover
-        .first()
-        .and_then(|e| e.message.clone())
-        .unwrap_or_default();
+    let first_note = |events: Vec<k8s_openapi::api::core::v1::Event>| {
+        events
+            .into_iter()
+            .next()
+            .and_then(|e| e.message)
+            .unwrap_or_default()
+    };
+    let note = first_note(events_about(&client, &ns, "ha", "Warning", "Failover").await);
     assert!(
         note.contains("last reported WAL positions: ha-1 at ")
             && note.contains("(timeline 1), ha-2 at "),
         "{note}"
     );
-    let switchover = events_about(&client, &ns, "ha", "Normal", "Switchover").await;
-    let note = switchover
-        .first()
-        .and_then(|e| e.message.clone())
-        .unwrap_or_default();
+    let note = first_note(events_about(&client, &ns, "ha", "Normal", "Switchover").await);
     assert!(
         note.contains(&format!("last reported WAL positions: {primary} at "))
             && note.contains("ha-0 at "),
