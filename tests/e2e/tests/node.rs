@@ -24,6 +24,8 @@ const NODE: &str = "capstan-node";
 const PROBE: &str = "capstan.dev/probe:v1";
 const CONVERGE: Duration = Duration::from_secs(90);
 const CLEANUP: Duration = Duration::from_secs(90);
+/// How long a ready Pod may take to be reachable through its Service's ClusterIP.
+const ROUTE: Duration = Duration::from_secs(30);
 /// The client Pod's memory limit.
 const MEMORY_LIMIT: u64 = 48 * 1024 * 1024;
 
@@ -132,7 +134,13 @@ async fn pods_run_for_real_on_the_real_node() -> Result<()> {
                 "{name} resolved to {resolved:?}, not {cluster_ip}"
             );
         }
-        let answer = exec(&["get", "http://web/"])?;
+        // The server is Ready, but the EndpointSlice controller and then kube-proxy each
+        // take their turn before the ClusterIP routes to it (until then kube-proxy rejects:
+        // "connection refused"), as for any client of a new Service: it retries.
+        let answer = wait_for("GET http://web/ through the Service", ROUTE, || async {
+            exec(&["get", "http://web/"]).map(Some)
+        })
+        .await?;
         ensure!(
             answer.trim() == "probe server",
             "GET http://web/: {answer:?}"

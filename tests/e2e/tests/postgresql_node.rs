@@ -205,13 +205,16 @@ async fn a_postgresql_cluster_replicates_scales_upgrades_restarts_and_restores_f
     .await
     .unwrap_or_else(|e| fail(e));
     let primary_ip = pod_ip(&pods_api.get("pg-0").await.unwrap());
-    let served_by = client_sql(
+    // Retried: the Pods are Ready, but pg-rw's endpoints and kube-proxy's rules follow a
+    // moment later (a refused connection ran nothing, so the retry is safe).
+    let served_by = client_sql_retried(
         &ns,
         None,
         "create table t (id int primary key, v text); \
          insert into t values (1, 'before'); \
          select host(inet_server_addr())",
     )
+    .await
     .unwrap_or_else(|e| fail(e));
     assert_eq!(
         served_by, primary_ip,
