@@ -25,7 +25,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use binaries::{cache_dir, ensure_binaries, ensure_helm};
+pub use binaries::{cache_dir, ensure_binaries, ensure_crane, ensure_helm};
 use bootstrap::Kubectl;
 use node::NodePlan;
 pub use node::{HostSnapshot, NODE_NAME, NodeChoice, import_image};
@@ -212,6 +212,7 @@ pub fn up(opts: &UpOptions) -> Result<Cluster> {
 pub fn prebuild(state_dir: &Path) -> Result<bool> {
     ensure_binaries()?;
     ensure_helm()?;
+    ensure_crane()?;
     let real = NodeChoice::from_env()?.resolve(&StateDir::new(state_dir))?;
     if real {
         binaries::ensure_debian_package("/usr/sbin/iptables", "iptables")?;
@@ -619,6 +620,7 @@ pub fn main(args: &[String]) -> Result<()> {
             println!("{}", ensure_binaries()?.display());
             println!("{}", binaries::ensure_node_binaries()?.display());
             println!("{}", binaries::ensure_helm()?.display());
+            println!("{}", binaries::ensure_crane()?.display());
             Ok(())
         }
         "pin" => binaries::pin(),

@@ -226,6 +226,7 @@ fn test(args: &[String]) -> Result<()> {
     let (built, component_plugin) = rust?;
     beside.context("build the cluster's binaries and images")?;
     let helm = cluster::ensure_helm()?;
+    let crane = cluster::ensure_crane()?;
     // `down` must leave the machine as `up` found it (no mount, cgroup, veth, process,
     // iptables rule or sysctl of the real node): checked after every test run.
     let host_before = cluster::HostSnapshot::take(&options.state_dir)?;
@@ -256,6 +257,8 @@ fn test(args: &[String]) -> Result<()> {
             .env("CAPSTAN_KUBECTL", cluster.bin_dir.join("kubectl"))
             // The Helm chart's tests (tests/e2e/tests/helm.rs).
             .env("CAPSTAN_HELM", &helm)
+            // The OCI registry of the plugin pull and push tests (`crane registry serve`).
+            .env("CAPSTAN_CRANE", &crane)
             // What the fault tests need to restart components and read the audit log.
             .env("CAPSTAN_CLUSTER_DIR", &cluster.state_dir)
             .env("CAPSTAN_XTASK", std::env::current_exe()?),

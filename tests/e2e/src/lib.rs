@@ -10,6 +10,7 @@ pub mod fleet;
 pub mod node;
 pub mod objects;
 pub mod operator;
+pub mod registry;
 
 use std::future::Future;
 use std::hash::BuildHasher as _;

@@ -41,6 +41,9 @@ pub const COREDNS_VERSION: &str = "v1.15.0";
 pub const PROVISIONER_LIB_VERSION: &str = "v13.1.0";
 /// `helm.sh/helm/v4` release: renders, lints and installs deploy/helm/capstan.
 pub const HELM_VERSION: &str = "v4.3.2";
+/// `github.com/google/go-containerregistry` release: `crane registry serve`, the OCI
+/// registry the tests of `capstan push` and `--plugin oci://` pull from.
+pub const CRANE_VERSION: &str = "v0.22.1";
 
 /// One binary of the control plane and where it is built from.
 struct Binary {
@@ -145,6 +148,11 @@ const NODE_BINARIES: &[Binary] = &[
 /// `helm`, for the chart in deploy/helm/: a key of its own, so that a new helm never
 /// rebuilds the control plane.
 const HELM_BINARIES: &[Binary] = &[Binary::go("helm", "helm", "helm.sh/helm/v4/cmd/helm")];
+const CRANE_BINARIES: &[Binary] = &[Binary::go(
+    "crane",
+    "crane",
+    "github.com/google/go-containerregistry/cmd/crane",
+)];
 
 /// The pause program (every pod's sandbox process), in the node's bin directory.
 pub const PAUSE: &str = "pause";
@@ -172,6 +180,11 @@ const PINS: &[(&str, &str, &str)] = &[
         PROVISIONER_LIB_VERSION,
     ),
     ("helm", "helm.sh/helm/v4", HELM_VERSION),
+    (
+        "crane",
+        "github.com/google/go-containerregistry",
+        CRANE_VERSION,
+    ),
 ];
 
 /// The Go modules and manifests that pin the control plane, in the repository.
@@ -210,6 +223,24 @@ pub fn ensure_helm() -> Result<PathBuf> {
     let bin = helm_bin_dir()?;
     ensure(HELM_BINARIES, &bin, "helm (about 5 minutes on 2 busy cores")?;
     Ok(bin.join("helm"))
+}
+
+/// Where `crane` of the pinned version lives (maybe not built yet).
+pub fn crane_bin_dir() -> Result<PathBuf> {
+    Ok(cache_dir()?
+        .join(format!("crane-{CRANE_VERSION}"))
+        .join("bin"))
+}
+
+/// Builds `crane` if it is missing from the cache and returns its path.
+pub fn ensure_crane() -> Result<PathBuf> {
+    let bin = crane_bin_dir()?;
+    ensure(
+        CRANE_BINARIES,
+        &bin,
+        "crane (about 1 minute on 2 busy cores",
+    )?;
+    Ok(bin.join("crane"))
 }
 
 /// Where the real node's binaries of the pinned versions live (maybe not built yet).
@@ -538,6 +569,12 @@ pub fn pin() -> Result<()> {
     pin_tool_module(
         "helm",
         &[&format!("helm.sh/helm/v4/cmd/helm@{HELM_VERSION}")],
+    )?;
+    pin_tool_module(
+        "crane",
+        &[&format!(
+            "github.com/google/go-containerregistry/cmd/crane@{CRANE_VERSION}"
+        )],
     )?;
     eprintln!(
         "cluster: pinned; the next `cluster up` builds into {}",
