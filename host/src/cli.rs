@@ -7,13 +7,16 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use capstan::oci::{OciOptions, OciStore};
 use capstan::operator::canary::CanaryPolicy;
+use capstan::operator::source::PluginSource;
 use capstan::operator::{
     self, ControllerOptions, ForceRelease, LeaderElectionOptions, OperatorOptions, PendingReleases,
     Reach, RegistryOptions, ShardOptions, WebhookOptions, WriteFence,
 };
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig, limits};
 use capstan::render;
+use capstan::signature::{SigningKey, VerifyKey};
 
 /// Capstan: a Kubernetes operator host for sandboxed WebAssembly plugins.
 #[derive(Debug, Parser)]
@@ -21,8 +24,15 @@ use capstan::render;
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Log filter, as in RUST_LOG (e.g. `info`, `capstan=debug`).
-    #[arg(long, global = true, env = "CAPSTAN_LOG", default_value = "warn")]
+    /// Log filter, as in RUST_LOG (e.g. `info`, `capstan=debug`). The OCI client's
+    /// warnings about registries that bend the spec (which it works around) are left
+    /// out by default.
+    #[arg(
+        long,
+        global = true,
+        env = "CAPSTAN_LOG",
+        default_value = "warn,oci_client=error"
+    )]
     log: String,
     /// Log as JSON lines instead of text.
     #[arg(long, global = true)]
@@ -156,6 +166,29 @@ enum Command {
         /// The directory to write the compiled code to.
         out: PathBuf,
     },
+    /// Publish a plugin to an OCI registry as a Wasm artifact (the layout `wkg` and
+    /// `oras` use) and print its reference by digest; with --sign-key, also a cosign
+    /// signature of that digest.
+    Push {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        /// Where to: `oci://REGISTRY/REPOSITORY:TAG`.
+        reference: String,
+        /// Sign with this private key (unencrypted PEM, ECDSA P-256).
+        #[arg(long)]
+        sign_key: Option<PathBuf>,
+        #[command(flatten)]
+        registry_access: RegistryAccessArgs,
+    },
+    /// Sign a plugin file for `capstan run --verify-key`: writes `FILE.sig`, the
+    /// signature `cosign sign-blob` makes, and prints its path.
+    Sign {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        /// The private key (unencrypted PEM, ECDSA P-256).
+        #[arg(long)]
+        key: PathBuf,
+    },
     /// Print what a plugin declares.
     Inspect {
         /// The plugin component (.wasm).
@@ -234,8 +267,62 @@ struct RunArgs {
     webhook: WebhookArgs,
     #[command(flatten)]
     canary: CanaryArgs,
+    /// A plugin in an OCI registry, `oci://REGISTRY/REPOSITORY:TAG` (or `@sha256:…`):
+    /// pulled by digest and served beside the directory's (a `NAME.oci` file in the
+    /// directory does the same, with a limits file). Repeatable.
+    #[arg(long = "plugin", value_name = "oci://REFERENCE")]
+    plugin_references: Vec<String>,
+    /// Serve only plugins signed with this key (cosign's `cosign.pub`, ECDSA P-256):
+    /// a directory file needs `NAME.wasm.sig` (cosign sign-blob), a registry artifact
+    /// a cosign signature of its digest. An unsigned or wrongly signed plugin is refused.
+    #[arg(long, env = "CAPSTAN_VERIFY_KEY")]
+    verify_key: Option<PathBuf>,
+    /// Resolve the tags of OCI references again this often (seconds): a new digest is a
+    /// new version of that plugin.
+    #[arg(long, default_value_t = 60)]
+    oci_refresh_seconds: u64,
+    #[command(flatten)]
+    registry_access: RegistryAccessArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
+}
+
+/// How `capstan` reaches OCI registries (docs/rollout.md).
+#[derive(Debug, Args)]
+struct RegistryAccessArgs {
+    /// Where pulled plugins are kept, by digest (default: $CAPSTAN_CACHE_DIR/oci,
+    /// $XDG_CACHE_HOME/capstan/oci or ~/.cache/capstan/oci).
+    #[arg(long, env = "CAPSTAN_OCI_CACHE")]
+    oci_cache: Option<PathBuf>,
+    /// A registry (`HOST:PORT`) spoken to over plain HTTP instead of HTTPS, such as a
+    /// test registry on loopback. Repeatable.
+    #[arg(long, value_name = "HOST:PORT")]
+    oci_plain_http: Vec<String>,
+    /// The user name for the registries (with $CAPSTAN_OCI_PASSWORD); anonymous without.
+    #[arg(long, env = "CAPSTAN_OCI_USERNAME")]
+    oci_username: Option<String>,
+}
+
+impl RegistryAccessArgs {
+    fn options(&self, verify_key: Option<VerifyKey>) -> Result<OciOptions> {
+        let basic_auth = match &self.oci_username {
+            Some(user) => {
+                let password = std::env::var("CAPSTAN_OCI_PASSWORD")
+                    .context("--oci-username needs the password in $CAPSTAN_OCI_PASSWORD")?;
+                Some((user.clone(), password))
+            }
+            None => None,
+        };
+        Ok(OciOptions {
+            cache: self
+                .oci_cache
+                .clone()
+                .unwrap_or_else(capstan::oci::default_cache_dir),
+            plain_http: self.oci_plain_http.clone(),
+            basic_auth,
+            verify_key,
+        })
+    }
 }
 
 /// Canary rollout of a new plugin version (docs/rollout.md).
@@ -536,6 +623,21 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Precompile { plugins, out } => precompile(&plugins, &out)?,
+        Command::Push {
+            plugin,
+            reference,
+            sign_key,
+            registry_access,
+        } => push(&plugin, &reference, sign_key.as_deref(), &registry_access)?,
+        Command::Sign { plugin, key } => {
+            let key = SigningKey::from_pem_file(&key)?;
+            let bytes = std::fs::read(&plugin)
+                .with_context(|| format!("cannot read {}", plugin.display()))?;
+            let sig = capstan::signature::sig_file_of(&plugin);
+            std::fs::write(&sig, key.sign(&bytes))
+                .with_context(|| format!("cannot write {}", sig.display()))?;
+            println!("{}", sig.display());
+        }
         Command::Inspect { plugin, sandbox } => {
             let plugin = sandbox.load(&plugin)?;
             let mut info = serde_json::to_value(plugin.info())?;
@@ -733,6 +835,18 @@ fn run_operator(args: RunArgs) -> Result<()> {
     let sandbox = sandbox.sandbox()?;
     let webhooks = args.webhook.options(args.namespace.as_deref())?;
     let canary = args.canary.policy()?;
+    let verify_key = args
+        .verify_key
+        .as_deref()
+        .map(VerifyKey::from_pem_file)
+        .transpose()?;
+    let source = PluginSource::new(
+        OciStore::new(args.registry_access.options(verify_key.clone())?),
+        verify_key,
+        args.plugin_references.clone(),
+        Duration::from_secs(args.oci_refresh_seconds.max(1)),
+    );
+    source.check_references()?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let identity = identity();
@@ -747,6 +861,7 @@ fn run_operator(args: RunArgs) -> Result<()> {
                 pending_releases: PendingReleases::default(),
                 webhooks: None,
                 canary,
+                source,
                 controller: ControllerOptions {
                     namespace: args.namespace,
                     default_resync: Duration::from_secs(args.resync_seconds.max(1)),
@@ -894,6 +1009,40 @@ pub fn one_line(err: &anyhow::Error) -> String {
         }
     }
     parts.join(": ")
+}
+
+/// `capstan push`: the component to a tag (signed with a key), its digest printed.
+fn push(
+    plugin: &Path,
+    reference: &str,
+    sign_key: Option<&Path>,
+    access: &RegistryAccessArgs,
+) -> Result<()> {
+    let bytes =
+        std::fs::read(plugin).with_context(|| format!("cannot read {}", plugin.display()))?;
+    // A component's preamble: `\0asm`, then version 0x0d and layer 1.
+    anyhow::ensure!(
+        bytes.starts_with(b"\0asm\x0d\x00\x01\x00"),
+        "{} is not a WebAssembly component (a plugin is one: cargo component build, or \
+         cargo build --target wasm32-wasip2)",
+        plugin.display()
+    );
+    let parsed = capstan::oci::parse_reference(reference)?;
+    anyhow::ensure!(
+        parsed.digest().is_none(),
+        "{reference}: push to a tag; the digest is what the push prints"
+    );
+    let key = sign_key.map(SigningKey::from_pem_file).transpose()?;
+    let store = OciStore::new(access.options(None)?);
+    let runtime = tokio::runtime::Runtime::new()?;
+    let digest = runtime.block_on(store.push(&parsed, &bytes, key.as_ref()))?;
+    println!(
+        "{}{}/{}@{digest}",
+        capstan::oci::SCHEME,
+        parsed.registry(),
+        parsed.repository()
+    );
+    Ok(())
 }
 
 #[cfg(test)]

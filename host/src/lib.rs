@@ -11,6 +11,7 @@
 pub mod contract;
 pub mod convert;
 pub mod diff;
+pub mod oci;
 pub mod operator;
 pub mod ownership;
 pub mod plan;
@@ -18,4 +19,5 @@ pub mod plugin;
 pub mod rbac;
 pub mod render;
 pub mod shard;
+pub mod signature;
 pub mod validate;

@@ -138,3 +138,37 @@ fn run_refuses_a_canary_schedule_that_makes_no_sense() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A `--plugin` that names no registry, or a `--verify-key` that is no key, is refused
+/// before anything starts: one line, a non-zero exit, no cluster needed.
+#[test]
+fn run_refuses_a_bad_reference_or_key_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_key = dir.path().join("key.pub");
+    std::fs::write(&not_a_key, "hello").unwrap();
+    for (args, says) in [
+        (
+            vec!["--plugin", "uuid:1"],
+            "\"uuid:1\" is not an OCI reference (oci://REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]): name the registry",
+        ),
+        (
+            vec!["--verify-key", "/nonexistent/cosign.pub"],
+            "cannot read the key /nonexistent/cosign.pub",
+        ),
+        (
+            vec!["--verify-key", not_a_key.to_str().unwrap()],
+            "not a PEM public key",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+            .args(["run", "--plugins", dir.path().to_str().unwrap()])
+            .args(&args)
+            .args(["--kubeconfig", "/nonexistent"])
+            .output()
+            .expect("run capstan");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+    }
+}

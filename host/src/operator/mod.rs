@@ -22,6 +22,7 @@ mod reconcile;
 mod registry;
 mod related;
 pub mod shadow;
+pub mod source;
 mod watch_client;
 pub mod webhook;
 
@@ -196,6 +197,7 @@ async fn run_with(
                 let metrics = metrics.clone();
                 tokio::spawn(w.serve_standby(
                     opts.registry.dir.clone(),
+                    opts.registry.source.clone(),
                     sandbox.clone(),
                     opts.registry.poll_interval,
                     move || metrics.set_ready(),

@@ -28,6 +28,7 @@ use super::controller::{Caches, ControllerOptions, RunningController};
 use super::finalizers::{FinalizerRelease, kind_label};
 use super::metrics::{Metrics, PluginState};
 use super::shadow::{self, ShadowSlot};
+use super::source::{Listed, PluginSource, Stamp, file_stamp};
 use super::webhook::Webhooks;
 use crate::contract::KindRef;
 use crate::plan::HOST_FIELD_MANAGER;
@@ -48,15 +49,6 @@ pub enum Error {
     /// The blocking task that lists the directory did not complete (it panicked).
     #[error("the scan of the plugin directory did not complete: {0}")]
     ScanAborted(#[source] tokio::task::JoinError),
-    /// A plugin file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
-    ReadFile {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
     /// The file is not a plugin this host can load (not a component, another contract,
     /// does not compile or describe itself).
     #[error(transparent)]
@@ -146,6 +138,9 @@ pub struct RegistryOptions {
     /// With `--canary`: a `NAME.next.wasm` serves a share of the parents on this
     /// schedule; none: it only shadows.
     pub canary: Option<CanaryPolicy>,
+    /// Where plugins come from (files, OCI references) and the key they are verified
+    /// with.
+    pub source: PluginSource,
 }
 
 /// The parent kinds whose finalizers are still to be released (with the name of the
@@ -195,8 +190,9 @@ pub struct PluginRegistry {
     sandbox: Sandbox,
     /// Releases of the finalizers of kinds no plugin serves any more, by group and kind.
     releases: HashMap<ClaimKey, JoinHandle<()>>,
-    /// Shadow files (`NAME.next.wasm`): (size, mtime) and sha256 when last read.
-    shadow_files: BTreeMap<PathBuf, ((u64, SystemTime), String)>,
+    /// Shadow files (`NAME.next.wasm`, `NAME.next.oci`): stamp and sha256 when last
+    /// read, and when (to resolve a reference again on the schedule).
+    shadow_files: BTreeMap<PathBuf, (Stamp, String, Instant)>,
     /// The shadow of each serving file, shared with its controller.
     shadow_slots: BTreeMap<PathBuf, ShadowSlot>,
 }
@@ -222,10 +218,15 @@ const MAX_RETRY: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 struct FileState {
-    /// (size, mtime) when last read.
-    stamp: Option<(u64, SystemTime)>,
-    /// (size, mtime) seen by the last scan while the file was still young.
-    settling: Option<(u64, SystemTime)>,
+    /// The stamp when last read.
+    stamp: Option<Stamp>,
+    /// The stamp seen by the last scan while the file was still young.
+    settling: Option<Stamp>,
+    /// When the plugin was last read (a reference is resolved again on the schedule).
+    read_at: Option<Instant>,
+    /// The message of the last failure to read or trust it (cleared by a read that
+    /// works, even when its bytes are those already tried).
+    read_error: Option<String>,
     /// A load refused for a reason that can go away (the kind claimed by another file,
     /// the CRD not installed yet): when to try the same bytes again, and how many
     /// attempts were made.
@@ -357,7 +358,7 @@ impl PluginRegistry {
             }
         }
         self.releases.retain(|_, release| !release.is_finished());
-        let present = match wasm_files(self.opts.dir.clone()).await {
+        let present = match list(self.opts.source.clone(), self.opts.dir.clone()).await {
             Ok(files) => files,
             Err(e) => {
                 warn!("{e}");
@@ -367,7 +368,7 @@ impl PluginRegistry {
         let (shadows, present): (BTreeMap<_, _>, BTreeMap<_, _>) = present
             .into_iter()
             .partition(|(path, _)| shadow::shadowed_by(path).is_some());
-        let shadows_settling = self.scan_shadows(shadows).await;
+        let shadows_settling = self.scan_shadows(shadows, &present).await;
         let gone: Vec<PathBuf> = self
             .files
             .keys()
@@ -397,14 +398,19 @@ impl PluginRegistry {
         let mut due = Vec::new();
         for (path, Listed { stamp, limits }) in present {
             self.refresh_limits(&path, limits).await;
+            let refresh = self.opts.source.refresh();
             let state = self.files.entry(path.clone()).or_default();
             if state.stamp == Some(stamp) {
-                if state.retry.is_some_and(|(at, _)| at <= Instant::now()) {
+                let retry = state.retry.is_some_and(|(at, _)| at <= Instant::now());
+                // A reference is resolved again on the schedule (its tag may have moved).
+                let resolve = PluginSource::is_remote(&path)
+                    && state.read_at.is_none_or(|at| at.elapsed() >= refresh);
+                if retry || resolve {
                     due.push(path);
                 }
                 continue;
             }
-            let young = stamp.1.elapsed().is_ok_and(|age| age < SETTLE);
+            let young = stamp.young(SETTLE);
             if young && state.settling != Some(stamp) {
                 // Still being written, perhaps: look again at the next scan.
                 state.settling = Some(stamp);
@@ -430,7 +436,21 @@ impl PluginRegistry {
     /// Loads new or changed shadow files into the slots of the files they shadow, with
     /// the limits of those files, and empties the slots of removed ones. Returns whether
     /// a file is still settling. A shadow that does not load is logged and left out.
-    async fn scan_shadows(&mut self, present: BTreeMap<PathBuf, Listed>) -> bool {
+    async fn scan_shadows(
+        &mut self,
+        present: BTreeMap<PathBuf, Listed>,
+        serving: &BTreeMap<PathBuf, Listed>,
+    ) -> bool {
+        // `NAME.next.*` shadows `NAME.wasm`, or `NAME.oci` when that is the one present.
+        let file_of = |path: &Path| {
+            shadow::shadowed_by(path).map(|[wasm, oci]| {
+                if !serving.contains_key(&wasm) && serving.contains_key(&oci) {
+                    oci
+                } else {
+                    wasm
+                }
+            })
+        };
         let gone: Vec<PathBuf> = self
             .shadow_files
             .keys()
@@ -439,35 +459,45 @@ impl PluginRegistry {
             .collect();
         for path in gone {
             self.shadow_files.remove(&path);
-            if let Some(file) = shadow::shadowed_by(&path) {
+            if let Some(file) = file_of(&path) {
                 self.shadow_slot(&file).set(None, None);
                 self.metrics.remove_shadow(&file.display().to_string());
                 info!(shadow = %path.display(), "shadow version removed");
             }
         }
         let mut settling = false;
+        let refresh = self.opts.source.refresh();
         for (path, Listed { stamp, .. }) in present {
             let known = self.shadow_files.get(&path).cloned();
-            if known.as_ref().is_some_and(|(s, _)| *s == stamp) {
+            let resolve = PluginSource::is_remote(&path)
+                && known
+                    .as_ref()
+                    .is_some_and(|(_, _, at)| at.elapsed() >= refresh);
+            if known.as_ref().is_some_and(|(s, _, _)| *s == stamp) && !resolve {
                 continue;
             }
-            if stamp.1.elapsed().is_ok_and(|age| age < SETTLE) {
+            if stamp.young(SETTLE) {
                 settling = true;
                 continue;
             }
-            let Some(file) = shadow::shadowed_by(&path) else {
+            let Some(file) = file_of(&path) else {
                 continue;
             };
-            let bytes = match tokio::fs::read(&path).await {
+            let bytes = match self.opts.source.read(&path).await {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     warn!(shadow = %path.display(), "cannot read the shadow version: {e}");
+                    // Tried again on the schedule (a reference) or when it changes.
+                    let sha = known.map(|(_, sha, _)| sha).unwrap_or_default();
+                    self.shadow_files
+                        .insert(path.clone(), (stamp, sha, Instant::now()));
                     continue;
                 }
             };
             let sha = sha256_hex(&bytes);
-            self.shadow_files.insert(path.clone(), (stamp, sha.clone()));
-            if known.is_some_and(|(_, s)| s == sha) {
+            self.shadow_files
+                .insert(path.clone(), (stamp, sha.clone(), Instant::now()));
+            if known.is_some_and(|(_, s, _)| s == sha) {
                 continue;
             }
             let (load, shadow_file) = (self.load.clone(), path.clone());
@@ -550,17 +580,28 @@ impl PluginRegistry {
     /// The bytes of `path` if they are worth loading: new bytes, or the same bytes
     /// whose retry is due.
     async fn read_if_new(&mut self, path: &Path) -> Option<Vec<u8>> {
-        let bytes = match tokio::fs::read(path).await {
+        let read = self.opts.source.read(path).await;
+        let state = self.files.get_mut(path).expect("state exists");
+        state.read_at = Some(Instant::now());
+        let bytes = match read {
             Ok(b) => b,
-            Err(source) => {
-                let e = Error::ReadFile {
-                    path: path.to_path_buf(),
-                    source,
-                };
-                self.failed(path, e.to_string());
+            Err(message) => {
+                // Whatever version serves keeps serving (a registry down, a file being
+                // replaced, a signature not there yet).
+                state.read_error = Some(message.clone());
+                self.failed(path, message);
                 return None;
             }
         };
+        if let Some(message) = state.read_error.take()
+            && state.error.as_ref() == Some(&message)
+        {
+            // Readable again: what stood was only the read's failure.
+            state.error = None;
+            let serving = state.serving.as_ref().map(|(p, _)| p);
+            self.metrics
+                .set_plugin(PluginState::of(path, serving, None));
+        }
         let sha = sha256_hex(&bytes);
         let state = self.files.get_mut(path).expect("state exists");
         let retry_due = state.retry.is_some_and(|(at, _)| at <= Instant::now());
@@ -878,57 +919,17 @@ fn watch_dir(
     }
 }
 
-/// (size, mtime) of `path`, following symlinks; `None` when it is not a file.
-fn file_stamp(path: &Path) -> Option<(u64, SystemTime)> {
-    let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
-    Some((
-        meta.len(),
-        meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-    ))
-}
-
-/// A `*.wasm` file as the directory listing saw it.
-struct Listed {
-    /// Its (size, mtime).
-    stamp: (u64, SystemTime),
-    /// The (size, mtime) of its limits file, if it has one.
-    limits: Option<(u64, SystemTime)>,
-}
-
-/// `*.wasm` files in `dir`, sorted by name so that the first file claiming a kind wins
-/// deterministically. The directory is read on a blocking thread: a slow volume must
-/// not hold a runtime worker.
-async fn wasm_files(dir: PathBuf) -> Result<BTreeMap<PathBuf, Listed>> {
+/// The plugin entries of `dir` and the `--plugin` references, sorted by name so that
+/// the first claiming a kind wins deterministically. The directory is read on a
+/// blocking thread: a slow volume must not hold a runtime worker.
+async fn list(source: PluginSource, dir: PathBuf) -> Result<BTreeMap<PathBuf, Listed>> {
     tokio::task::spawn_blocking(move || {
-        wasm_files_blocking(&dir).map_err(|source| Error::ReadDir { dir, source })
+        source
+            .list_blocking(&dir)
+            .map_err(|source| Error::ReadDir { dir, source })
     })
     .await
     .map_err(Error::ScanAborted)?
-}
-
-fn wasm_files_blocking(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, Listed>> {
-    let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.extension().is_none_or(|e| e != "wasm") {
-            continue;
-        }
-        // Follow symlinks: mounted volumes swap them.
-        if let Ok(meta) = std::fs::metadata(&path)
-            && meta.is_file()
-        {
-            let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            let limits = file_stamp(&limits::file_of(&path));
-            out.insert(
-                path,
-                Listed {
-                    stamp: (meta.len(), mtime),
-                    limits,
-                },
-            );
-        }
-    }
-    Ok(out)
 }
 
 /// Why a plugin that converts is not served by a host without a webhook.
@@ -1046,6 +1047,7 @@ mod tests {
                 pending_releases: PendingReleases::default(),
                 webhooks: None,
                 canary: None,
+                source: PluginSource::files_only(),
             },
         )
     }

@@ -19,14 +19,25 @@ use crate::plugin::Plugin;
 use super::canary::Canary;
 use super::metrics::Metrics;
 
-/// How a shadow file is named: `NAME.next.wasm` shadows `NAME.wasm`.
+/// How a shadow file is named: `NAME.next.wasm` (or `NAME.next.oci`, a reference to a
+/// registry) shadows `NAME.wasm` (or `NAME.oci`).
 pub const SHADOW_SUFFIX: &str = ".next.wasm";
+/// The shadow suffix of an OCI reference file.
+pub const SHADOW_OCI_SUFFIX: &str = ".next.oci";
 
-/// The serving file `path` shadows, if it is a shadow file.
-pub fn shadowed_by(path: &Path) -> Option<PathBuf> {
+/// The serving files `path` may shadow, if it is a shadow file: `NAME.wasm` then
+/// `NAME.oci` (the registry takes the one present).
+pub fn shadowed_by(path: &Path) -> Option<[PathBuf; 2]> {
     let name = path.file_name()?.to_str()?;
-    let stem = name.strip_suffix(SHADOW_SUFFIX)?;
-    (!stem.is_empty()).then(|| path.with_file_name(format!("{stem}.wasm")))
+    let stem = name
+        .strip_suffix(SHADOW_SUFFIX)
+        .or_else(|| name.strip_suffix(SHADOW_OCI_SUFFIX))?;
+    (!stem.is_empty()).then(|| {
+        [
+            path.with_file_name(format!("{stem}.wasm")),
+            path.with_file_name(format!("{stem}.oci")),
+        ]
+    })
 }
 
 /// The shadow of one serving file, shared by the registry (which loads and unloads it)
@@ -167,10 +178,10 @@ mod tests {
 
     #[test]
     fn a_shadow_file_names_the_file_it_shadows() {
-        assert_eq!(
-            shadowed_by(Path::new("/p/uuid.next.wasm")),
-            Some(PathBuf::from("/p/uuid.wasm"))
-        );
+        let both = Some([PathBuf::from("/p/uuid.wasm"), PathBuf::from("/p/uuid.oci")]);
+        assert_eq!(shadowed_by(Path::new("/p/uuid.next.wasm")), both);
+        assert_eq!(shadowed_by(Path::new("/p/uuid.next.oci")), both);
+        assert_eq!(shadowed_by(Path::new("/p/uuid.oci")), None);
         assert_eq!(shadowed_by(Path::new("/p/uuid.wasm")), None);
         assert_eq!(shadowed_by(Path::new("/p/.next.wasm")), None);
     }

@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -312,15 +312,16 @@ impl Webhooks {
     pub async fn serve_standby(
         self,
         dir: PathBuf,
+        source: super::source::PluginSource,
         sandbox: crate::plugin::Sandbox,
         poll: Duration,
         ready: impl FnOnce() + Send + 'static,
     ) {
         let mut ready = Some(ready);
-        let mut seen: BTreeMap<PathBuf, (u64, SystemTime)> = BTreeMap::new();
+        let mut seen: BTreeMap<PathBuf, (super::source::Stamp, Instant)> = BTreeMap::new();
         loop {
             let mut served_all = true;
-            let listed = list_wasm(&dir);
+            let listed = list_plugins(&source, &dir);
             for gone in seen
                 .keys()
                 .filter(|p| !listed.contains_key(*p))
@@ -333,13 +334,27 @@ impl Webhooks {
                 }
             }
             for (path, stamp) in listed {
-                if seen.get(&path) == Some(&stamp) {
+                // The same files as the registry, trusted as it trusts them: signatures
+                // checked, references pulled by digest (and resolved again on its
+                // schedule).
+                let resolve = super::source::PluginSource::is_remote(&path)
+                    && seen
+                        .get(&path)
+                        .is_some_and(|(_, at)| at.elapsed() >= source.refresh());
+                if seen.get(&path).is_some_and(|(s, _)| *s == stamp) && !resolve {
                     continue;
                 }
-                seen.insert(path.clone(), stamp);
+                seen.insert(path.clone(), (stamp, Instant::now()));
+                let bytes = match source.read(&path).await {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        warn!("standby webhook: {e}");
+                        continue;
+                    }
+                };
                 let (file, sandbox) = (path.clone(), sandbox.clone());
                 let loaded = tokio::task::spawn_blocking(move || {
-                    let plugin = sandbox.load_file_blocking(&file).ok()?;
+                    let plugin = sandbox.load_bytes_blocking(&bytes, &file).ok()?;
                     if let Ok(Some(limits)) = crate::plugin::limits::read(&file, sandbox.config()) {
                         plugin.set_limits(limits);
                     }
@@ -534,24 +549,19 @@ impl Webhooks {
     }
 }
 
-/// The `*.wasm` files of `dir` with their (size, mtime); empty when it cannot be read.
-fn list_wasm(dir: &Path) -> BTreeMap<PathBuf, (u64, SystemTime)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return BTreeMap::new();
-    };
-    entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "wasm"))
-        // A shadow version is never served: it only answers beside a reconcile.
-        .filter(|p| super::shadow::shadowed_by(p).is_none())
-        .filter_map(|p| {
-            let meta = std::fs::metadata(&p).ok().filter(|m| m.is_file())?;
-            let stamp = (
-                meta.len(),
-                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-            );
-            Some((p, stamp))
-        })
+/// The plugin entries of `dir` and the `--plugin` references with their stamps, less
+/// the shadow versions (never served: they only answer beside a reconcile); empty when
+/// the directory cannot be read.
+fn list_plugins(
+    source: &super::source::PluginSource,
+    dir: &Path,
+) -> BTreeMap<PathBuf, super::source::Stamp> {
+    source
+        .list_blocking(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(p, _)| super::shadow::shadowed_by(p).is_none())
+        .map(|(p, listed)| (p, listed.stamp))
         .collect()
 }
 

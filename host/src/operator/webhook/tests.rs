@@ -752,6 +752,7 @@ async fn a_standby_is_ready_only_once_it_serves_the_plugins_of_the_directory() {
     let (tx, mut rx) = tokio::sync::oneshot::channel();
     let standby = tokio::spawn(webhooks.clone().serve_standby(
         dir.clone(),
+        crate::operator::source::PluginSource::files_only(),
         sandbox,
         Duration::from_millis(50),
         move || {
