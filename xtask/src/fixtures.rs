@@ -151,6 +151,16 @@ pub fn build_widget_broken(out: &Path) -> Result<()> {
     )
 }
 
+/// Builds `out/widget-rebuilt.wasm`: the Widget test plugin, healthy, in other bytes
+/// (`CAPSTAN_WIDGET_MODE=rebuilt`): a new version that should be promoted.
+pub fn build_widget_rebuilt(out: &Path) -> Result<()> {
+    build_variant(
+        "capstan-test-widget",
+        ("CAPSTAN_WIDGET_MODE", "rebuilt"),
+        &out.join("widget-rebuilt.wasm"),
+    )
+}
+
 /// Builds `package` with the variable `name` set to `value`, into `to`. In a target directory of
 /// its own (`target/variants`), so that the package's ordinary build is not rebuilt back
 /// and forth with and without the variable.

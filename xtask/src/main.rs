@@ -159,8 +159,10 @@ pub fn build_selected_plugins(tests: bool) -> Result<BuiltPlugins> {
         fixtures::build_contract_0_1(&built.test_plugins)?;
         // The PostgreSQL plugin with its images from a mirror (`capstan plan`'s tests).
         fixtures::build_postgres_mirror(&built.test_plugins)?;
-        // The Widget plugin broken on every parent (the canary's tests).
+        // The Widget plugin broken on every parent (the canary's tests), and rebuilt
+        // healthy in other bytes (a moved tag promoted, in the registry's tests).
         fixtures::build_widget_broken(&built.test_plugins)?;
+        fixtures::build_widget_rebuilt(&built.test_plugins)?;
     }
     python::build_plugins(&built.plugins)?;
     if tests {

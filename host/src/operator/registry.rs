@@ -195,6 +195,9 @@ pub struct PluginRegistry {
     shadow_files: BTreeMap<PathBuf, (Stamp, String, Instant)>,
     /// The shadow of each serving file, shared with its controller.
     shadow_slots: BTreeMap<PathBuf, ShadowSlot>,
+    /// References whose tag moved to a new digest under `--canary`: the new version is
+    /// their slot's candidate (in any phase), and serves once promoted.
+    staged: BTreeSet<PathBuf>,
 }
 
 /// Compiles, links and describes a plugin from its bytes; `path` names them.
@@ -271,6 +274,7 @@ impl PluginRegistry {
             releases: HashMap::new(),
             shadow_files: BTreeMap::new(),
             shadow_slots: BTreeMap::new(),
+            staged: BTreeSet::new(),
         }
     }
 
@@ -422,7 +426,111 @@ impl PluginRegistry {
             due.push(path);
         }
         self.load_all(due).await;
+        self.promote_staged().await;
         settling || shadows_settling
+    }
+
+    /// Whether a new version of `path` is a candidate rather than a replacement: under
+    /// `--canary`, a reference (its tag moved to a new digest) whose slot holds no
+    /// `NAME.next.*` of its own.
+    fn stages(&self, path: &Path, plugin: &Plugin) -> bool {
+        self.opts.canary.is_some()
+            && PluginSource::is_remote(path)
+            && self.files.get(path).is_some_and(|state| {
+                state
+                    .serving
+                    .as_ref()
+                    .is_some_and(|(serving, _)| serving.sha256() != plugin.sha256())
+            })
+            && !self.shadow_files.keys().any(|shadow| {
+                shadow::shadowed_by(shadow).is_some_and(|files| files.contains(&path.to_path_buf()))
+            })
+    }
+
+    /// Whether `plugin` is the very version the reference `path` serves (its tag back
+    /// on it after naming another).
+    fn serves_already(&self, path: &Path, plugin: &Plugin) -> bool {
+        PluginSource::is_remote(path)
+            && self.files.get(path).is_some_and(|state| {
+                state
+                    .serving
+                    .as_ref()
+                    .is_some_and(|(serving, _)| serving.sha256() == plugin.sha256())
+            })
+    }
+
+    /// The reference `path` names the version serving again: its candidate (if the tag
+    /// had moved under `--canary`) goes, and so does the failure of any version it named
+    /// in between; the controller runs on untouched.
+    async fn back_on_serving(&mut self, path: &Path) {
+        if self.staged.remove(path) {
+            self.shadow_slot(path).set(None, None);
+            self.metrics.remove_shadow(&path.display().to_string());
+            info!(file = %path.display(), "the reference names the serving version again: its candidate is dropped");
+        }
+        let Some(plugin) = self.files[path].serving.as_ref().map(|(p, _)| p.clone()) else {
+            return;
+        };
+        let error = self.apply_limits(path, &plugin, plugin.limits_file()).await;
+        let state = self.files.get_mut(path).expect("state exists");
+        state.retry = None;
+        state.error = error.clone();
+        self.metrics
+            .set_plugin(PluginState::of(path, Some(&plugin), error));
+    }
+
+    /// Makes the new version of the reference `path` its canary candidate: it serves a
+    /// share of the parents on the schedule, and the version serving stays until the
+    /// candidate is promoted ([`PluginRegistry::promote_staged`]).
+    fn stage(&mut self, path: &Path, plugin: Plugin) {
+        let policy = self
+            .opts
+            .canary
+            .clone()
+            .expect("staged only under --canary");
+        if let Ok(Some(limits)) = limits::read(path, self.sandbox.config()) {
+            plugin.set_limits(limits);
+        }
+        let label = format!("{} (new digest)", path.display());
+        let canary = Arc::new(Canary::new(policy, &label, plugin.sha256()));
+        info!(file = %path.display(), sha256 = %plugin.sha256(), "the reference names a new version: it is the candidate (--canary), and serves every parent once promoted");
+        self.metrics.set_shadow(
+            &path.display().to_string(),
+            &label,
+            plugin.sha256(),
+            Some(canary.clone()),
+        );
+        self.shadow_slot(path).set(Some(plugin), Some(canary));
+        self.staged.insert(path.to_path_buf());
+        if let Some(state) = self.files.get_mut(path) {
+            state.retry = None;
+        }
+    }
+
+    /// Serves each staged candidate that was promoted in place of its reference's old
+    /// version. One rolled back stays in its slot (shown in `/plugins`, serving no
+    /// parent) and its digest is not tried again until the tag moves on.
+    async fn promote_staged(&mut self) {
+        for path in self.staged.clone() {
+            let slot = self.shadow_slot(&path);
+            let Some((plugin, canary)) = slot.canary() else {
+                self.staged.remove(&path);
+                continue;
+            };
+            if !self.files.contains_key(&path) {
+                slot.set(None, None);
+                self.metrics.remove_shadow(&path.display().to_string());
+                self.staged.remove(&path);
+                continue;
+            }
+            if canary.report().phase == super::canary::Phase::Promoted {
+                info!(file = %path.display(), sha256 = %plugin.sha256(), "the promoted candidate now serves the reference");
+                slot.set(None, None);
+                self.metrics.remove_shadow(&path.display().to_string());
+                self.staged.remove(&path);
+                self.serve(&path, plugin, &mut BTreeSet::new()).await;
+            }
+        }
     }
 
     /// The shadow of the serving file `file`, shared with its controller.
@@ -503,6 +611,7 @@ impl PluginRegistry {
             let (load, shadow_file) = (self.load.clone(), path.clone());
             let loaded = tokio::task::spawn_blocking(move || load(&bytes, &shadow_file)).await;
             let slot = self.shadow_slot(&file);
+            self.staged.remove(&file);
             match loaded {
                 Ok(Ok(plugin)) => {
                     if let Ok(Some(limits)) = limits::read(&file, self.sandbox.config()) {
@@ -569,6 +678,10 @@ impl PluginRegistry {
         let mut started = BTreeSet::new();
         while let Some(done) = compiling.next().await {
             match done {
+                Ok((path, Ok(plugin))) if self.stages(&path, &plugin) => self.stage(&path, plugin),
+                Ok((path, Ok(plugin))) if self.serves_already(&path, &plugin) => {
+                    self.back_on_serving(&path).await
+                }
                 Ok((path, Ok(plugin))) => self.serve(&path, plugin, &mut started).await,
                 Ok((path, Err(e))) => self.failed(&path, e.to_string()),
                 // Only a panic of the task itself, which holds no path.

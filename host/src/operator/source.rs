@@ -9,10 +9,11 @@
 //!   the sandbox's defaults; a reference file takes a limits file `NAME.toml` beside it).
 //!
 //! A reference is resolved again every `--oci-refresh-seconds`: when its tag names a new
-//! digest, the new component is a new version of that plugin, loaded as a changed file
-//! would be; a tag named in `NAME.next.oci` shadows, or with `--canary` serves a share,
-//! like `NAME.next.wasm`. While a registry cannot be reached, the version already
-//! serving keeps serving.
+//! digest, the new component is a new version of that plugin, which replaces the one
+//! serving as a changed file would, or with `--canary` becomes its candidate (the
+//! registry's `stage`); a tag named in `NAME.next.oci` shadows, or with `--canary`
+//! serves a share, like `NAME.next.wasm`. While a registry cannot be reached, the
+//! version already serving keeps serving.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -222,3 +222,129 @@ async fn signed_plugins_from_a_registry_serve_and_a_moved_tag_is_a_new_version_o
         op.log_tail()
     );
 }
+
+/// The `canary` entry of the serving `widget.oci` in `/plugins`.
+async fn canary_of(op: &Operator) -> anyhow::Result<Value> {
+    Ok(state(op, "/widget.oci")
+        .await?
+        .map(|s| s["canary"].clone())
+        .unwrap_or_default())
+}
+
+#[tokio::test]
+async fn under_canary_a_moved_tag_is_a_candidate_rolled_back_when_broken_promoted_when_healthy() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "oci-canary").await;
+    let registry = Registry::start().unwrap();
+    push(
+        &registry,
+        &test_plugin("widget"),
+        "plugins/widget:live",
+        false,
+    );
+    let op = Operator::start(
+        &ns.name,
+        &[],
+        &[
+            "--canary",
+            "--canary-steps",
+            "50,100",
+            "--canary-step-seconds",
+            "3",
+            "--canary-min-reconciles",
+            "3",
+            "--oci-plain-http",
+            &registry.address,
+            "--oci-refresh-seconds",
+            "1",
+        ],
+    )
+    .await;
+    let fail = |e: anyhow::Error| -> ! { panic!("{e}\n{}", op.log_tail()) };
+    std::fs::write(
+        op.plugins.path().join("widget.oci"),
+        registry.reference("plugins/widget:live"),
+    )
+    .unwrap();
+    let serving_sha = |built: PathBuf| {
+        let op = &op;
+        async move {
+            wait_for(&format!("{} serving", built.display()), T, || async {
+                Ok(state(op, "/widget.oci")
+                    .await?
+                    .filter(|s| s["serving"] == true && s["sha256"] == sha256(&built).as_str()))
+            })
+            .await
+        }
+    };
+    serving_sha(test_plugin("widget"))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let kind = test_kind("Widget", "widgets");
+    let widgets = Api::<DynamicObject>::namespaced_with(client.clone(), &ns.name, &kind);
+    let names: Vec<String> = (0..12).map(|i| format!("w-{i:02}")).collect();
+    for name in &names {
+        create_object(&widgets, &kind, name, json!({"count": 1})).await;
+    }
+    let all_ready = || async {
+        wait_for("every Widget Ready", T, || async {
+            for name in &names {
+                let ready = ready_condition(&widgets.get(name).await?).map(|c| c.0);
+                if ready.as_deref() != Some("True") {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        })
+        .await
+    };
+    all_ready().await.unwrap_or_else(|e| fail(e));
+
+    // The tag moves to the broken build: a candidate, not a replacement; rolled back.
+    push(
+        &registry,
+        &test_plugin("widget-broken"),
+        "plugins/widget:live",
+        false,
+    );
+    let rolled_back = wait_for("the broken digest rolled back", T, || async {
+        let canary = canary_of(&op).await?;
+        Ok((canary["phase"] == "rolled-back").then_some(canary))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert_eq!(
+        rolled_back["sha256"],
+        sha256(&test_plugin("widget-broken")).as_str(),
+        "{rolled_back}"
+    );
+    serving_sha(test_plugin("widget"))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    all_ready().await.unwrap_or_else(|e| fail(e));
+
+    // Then to a healthy new build: stepped up to every parent, promoted, and from then
+    // on the version the reference serves, with no candidate left.
+    push(
+        &registry,
+        &test_plugin("widget-rebuilt"),
+        "plugins/widget:live",
+        false,
+    );
+    serving_sha(test_plugin("widget-rebuilt"))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    assert!(
+        op.log().contains("canary: the candidate is promoted"),
+        "{}",
+        op.log_tail()
+    );
+    assert!(canary_of(&op).await.unwrap().is_null(), "no candidate left");
+    assert_eq!(
+        op.counter("capstan_canary_rollbacks_total{plugin=\"widget\"}")
+            .await
+            .unwrap(),
+        1
+    );
+    all_ready().await.unwrap_or_else(|e| fail(e));
+}
