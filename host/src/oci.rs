@@ -175,7 +175,15 @@ pub struct Pulled {
 pub struct OciStore {
     client: Client,
     opts: OciOptions,
+    /// What could not be written to the cache directory (read-only, full): kept in
+    /// memory instead, the last [`MEMORY_ENTRIES`], so that resolving a tag again does
+    /// not download its component again.
+    memory: std::sync::Mutex<std::collections::VecDeque<(String, Vec<u8>)>>,
 }
+
+/// How many manifests and components the store keeps in memory when its cache directory
+/// cannot be written.
+const MEMORY_ENTRIES: usize = 8;
 
 impl std::fmt::Debug for OciStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -204,6 +212,7 @@ impl OciStore {
         OciStore {
             client: Client::new(config),
             opts,
+            memory: Default::default(),
         }
     }
 
@@ -268,7 +277,7 @@ impl OciStore {
                     .await
                     .map_err(Self::registry_error(&by_digest))?;
                 self.check_digest(&bytes, &digest, &by_digest, "the manifest")?;
-                self.store("manifests", &digest, &bytes)?;
+                self.store("manifests", &digest, &bytes);
                 bytes.to_vec()
             }
         };
@@ -285,7 +294,7 @@ impl OciStore {
                     .await
                     .map_err(Self::registry_error(&by_digest))?;
                 self.check_digest(&bytes, &layer.digest, &by_digest, "the component layer")?;
-                self.store("blobs", &layer.digest, &bytes)?;
+                self.store("blobs", &layer.digest, &bytes);
                 info!(reference = %reference.whole(), %digest, bytes = bytes.len(), "plugin pulled");
                 bytes
             }
@@ -400,12 +409,35 @@ impl OciStore {
 
     /// The cached content of `digest`, if it is there and still hashes to it.
     fn cached(&self, kind: &str, digest: &str) -> Option<Vec<u8>> {
-        let bytes = std::fs::read(self.cache_path(kind, digest)?).ok()?;
-        (sha256_digest(&bytes) == digest).then_some(bytes)
+        let on_disk = self
+            .cache_path(kind, digest)
+            .and_then(|path| std::fs::read(path).ok())
+            .filter(|bytes| sha256_digest(bytes) == digest);
+        on_disk.or_else(|| {
+            let memory = self.memory.lock().expect("OCI memory cache lock");
+            memory
+                .iter()
+                .find(|(d, _)| d == digest)
+                .map(|(_, bytes)| bytes.clone())
+        })
     }
 
-    /// Keeps `bytes` as `digest` (written aside, then renamed: a reader never sees half).
-    fn store(&self, kind: &str, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
+    /// Keeps `bytes` as `digest`: in the cache directory, else (it cannot be written) in
+    /// memory. A cache is worth downloads, never a plugin: its failure is a warning.
+    fn store(&self, kind: &str, digest: &str, bytes: &[u8]) {
+        if let Err(e) = self.write(kind, digest, bytes) {
+            tracing::warn!("{e}: kept in memory instead");
+            let mut memory = self.memory.lock().expect("OCI memory cache lock");
+            memory.retain(|(d, _)| d != digest);
+            if memory.len() == MEMORY_ENTRIES {
+                memory.pop_front();
+            }
+            memory.push_back((digest.to_string(), bytes.to_vec()));
+        }
+    }
+
+    /// Writes `bytes` as `digest` (aside, then renamed: a reader never sees half).
+    fn write(&self, kind: &str, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
         let Some(path) = self.cache_path(kind, digest) else {
             return Ok(());
         };
@@ -686,11 +718,39 @@ mod tests {
             ..Default::default()
         });
         let digest = sha256_digest(b"component");
-        store.store("blobs", &digest, b"component").unwrap();
+        store.store("blobs", &digest, b"component");
         assert_eq!(store.cached("blobs", &digest).unwrap(), b"component");
         // A file changed on disk is a miss (fetched again), never served.
         std::fs::write(store.cache_path("blobs", &digest).unwrap(), b"tampered").unwrap();
         assert!(store.cached("blobs", &digest).is_none());
+    }
+
+    #[test]
+    fn a_cache_that_cannot_be_written_keeps_the_last_entries_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the cache directory should be: nothing can be written under it.
+        let file = dir.path().join("not-a-directory");
+        std::fs::write(&file, b"").unwrap();
+        let store = OciStore::new(OciOptions {
+            cache: file,
+            ..Default::default()
+        });
+        let contents: Vec<Vec<u8>> = (0..=MEMORY_ENTRIES).map(|i| vec![i as u8; 16]).collect();
+        for bytes in &contents {
+            store.store("blobs", &sha256_digest(bytes), bytes);
+        }
+        // The oldest went; the last ones are served from memory.
+        assert!(
+            store
+                .cached("blobs", &sha256_digest(&contents[0]))
+                .is_none()
+        );
+        for bytes in &contents[1..] {
+            assert_eq!(
+                store.cached("blobs", &sha256_digest(bytes)).as_ref(),
+                Some(bytes)
+            );
+        }
     }
 
     #[test]
