@@ -2,7 +2,8 @@
 //! control plane and a real registry (`crane registry serve`, see
 //! `capstan_e2e::registry`): the Uuid plugin named by `--plugin oci://…:stable`, the
 //! Widget plugin by a reference file `widget.oci` in the plugin directory, both pushed
-//! signed with `capstan push --sign-key`, both serve. The tag moved to an unsigned build
+//! signed with `capstan push --sign-key`, both serve; `widget.next.oci` shadows
+//! `widget.oci`. The tag moved to an unsigned build
 //! is refused while the signed version keeps serving; moved to a signed build, it is a
 //! new version, loaded. A plugin file of the directory is refused unsigned and served
 //! once `capstan sign` wrote its signature.
@@ -148,6 +149,62 @@ async fn signed_plugins_from_a_registry_serve_and_a_moved_tag_is_a_new_version_o
     )
     .await
     .unwrap_or_else(|e| fail(e));
+
+    // A new version named in `widget.next.oci` is the shadow of `widget.oci`, pulled and
+    // verified the same way, called beside each reconcile and never applied.
+    push(
+        &registry,
+        &test_plugin("widget-rebuilt"),
+        "plugins/widget:2",
+        true,
+    );
+    std::fs::write(
+        op.plugins.path().join("widget.next.oci"),
+        registry.reference("plugins/widget:2"),
+    )
+    .unwrap();
+    let shadow_of = || async {
+        Ok::<_, anyhow::Error>(
+            state(&op, "/widget.oci")
+                .await?
+                .map(|s| s["shadow"].clone())
+                .filter(|shadow| {
+                    shadow["sha256"] == sha256(&test_plugin("widget-rebuilt")).as_str()
+                }),
+        )
+    };
+    wait_for(
+        "widget.next.oci loaded as the shadow of widget.oci",
+        T,
+        shadow_of,
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    // A reconcile, which the shadow answers too.
+    widgets
+        .patch(
+            "w1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"count": 2}})),
+        )
+        .await
+        .unwrap();
+    let shadow = wait_for("the shadow to agree on a reconcile", T, || async {
+        Ok(shadow_of()
+            .await?
+            .filter(|shadow| shadow["agreed"].as_u64().unwrap_or_default() > 0))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(
+        shadow["file"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("widget.next.oci"),
+        "{shadow}"
+    );
+    let serving = state(&op, "/widget.oci").await.unwrap().unwrap();
+    assert_eq!(serving["sha256"], sha256(&test_plugin("widget")).as_str());
 
     // The tag moves to a build nobody signed: refused, the signed version serves on.
     push(&registry, &uuid_other_build(), "plugins/uuid:stable", false);
