@@ -25,13 +25,13 @@ pub struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Log filter, as in RUST_LOG (e.g. `info`, `capstan=debug`). The OCI client's
-    /// warnings about registries that bend the spec (which it works around) are left
-    /// out by default.
+    /// warnings about registries that bend the spec (which it works around) and the TLS
+    /// verifier's about CA files it cannot read are left out by default.
     #[arg(
         long,
         global = true,
         env = "CAPSTAN_LOG",
-        default_value = "warn,oci_client=error"
+        default_value = "warn,oci_client=error,rustls_platform_verifier=error"
     )]
     log: String,
     /// Log as JSON lines instead of text.

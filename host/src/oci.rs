@@ -94,6 +94,9 @@ pub enum OciError {
         /// What was (not) found.
         reason: String,
     },
+    /// No registry client could be made on this machine.
+    #[error("{0} (the system has no CA roots: mount a bundle and set SSL_CERT_FILE)")]
+    NoClient(String),
     /// The cache directory could not be written.
     #[error("cannot write the OCI cache {}: {source}", path.display())]
     Cache {
@@ -173,7 +176,9 @@ pub struct Pulled {
 
 /// Pulls and pushes plugins; one per process (it keeps the registries' tokens).
 pub struct OciStore {
-    client: Client,
+    /// The client; why there is none (no CA roots on the machine, say): every pull and
+    /// push then fails with that line, and nothing else does.
+    client: Result<Client, String>,
     opts: OciOptions,
     /// What could not be written to the cache directory (read-only, full): kept in
     /// memory instead, the last [`MEMORY_ENTRIES`], so that resolving a tag again does
@@ -209,11 +214,26 @@ impl OciStore {
             read_timeout: Some(std::time::Duration::from_secs(60)),
             ..Default::default()
         };
+        // oci-client falls back to a default client when its own cannot be built, and
+        // that one panics; so the TLS setup (the system's CA roots) is tried first.
+        let client = match reqwest::Client::builder().build() {
+            Ok(_) => Ok(Client::new(config)),
+            Err(e) => Err(format!(
+                "cannot make the registry client: {}",
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string())
+            )),
+        };
         OciStore {
-            client: Client::new(config),
+            client,
             opts,
             memory: Default::default(),
         }
+    }
+
+    fn client(&self) -> Result<&Client, OciError> {
+        self.client
+            .as_ref()
+            .map_err(|e| OciError::NoClient(e.clone()))
     }
 
     fn auth(&self) -> RegistryAuth {
@@ -239,7 +259,7 @@ impl OciStore {
             return Ok(digest.to_string());
         }
         let digest = self
-            .client
+            .client()?
             .fetch_manifest_digest(reference, &self.auth())
             .await
             .map_err(Self::registry_error(reference))?;
@@ -268,7 +288,7 @@ impl OciStore {
             Some(bytes) => bytes,
             None => {
                 let (bytes, _) = self
-                    .client
+                    .client()?
                     .pull_manifest_raw(
                         &by_digest,
                         &self.auth(),
@@ -289,7 +309,7 @@ impl OciStore {
             Some(bytes) => bytes,
             None => {
                 let mut bytes = Vec::with_capacity(usize::try_from(layer.size).unwrap_or(0));
-                self.client
+                self.client()?
                     .pull_blob(&by_digest, &layer, &mut bytes)
                     .await
                     .map_err(Self::registry_error(&by_digest))?;
@@ -324,7 +344,7 @@ impl OciStore {
         );
         // The signature image by digest too: what is verified is what was read.
         let sig_digest = match self
-            .client
+            .client()?
             .fetch_manifest_digest(&sig_tag, &self.auth())
             .await
         {
@@ -340,7 +360,7 @@ impl OciStore {
         };
         let sig_ref = sig_tag.clone_with_digest(sig_digest.clone());
         let (bytes, _) = self
-            .client
+            .client()?
             .pull_manifest_raw(
                 &sig_ref,
                 &self.auth(),
@@ -365,7 +385,7 @@ impl OciStore {
                 continue;
             }
             let mut payload = Vec::new();
-            self.client
+            self.client()?
                 .pull_blob(&sig_ref, layer, &mut payload)
                 .await
                 .map_err(Self::registry_error(&sig_ref))?;
@@ -521,12 +541,12 @@ impl OciStore {
         blobs: &[&[u8]],
         manifest: &OciImageManifest,
     ) -> Result<String, OciError> {
-        self.client
+        self.client()?
             .store_auth_if_needed(reference.resolve_registry(), &self.auth())
             .await;
         // The token for pushing (anonymous registries answer without one).
         if let Err(e) = self
-            .client
+            .client()?
             .auth(reference, &self.auth(), oci_client::RegistryOperation::Push)
             .await
         {
@@ -535,13 +555,13 @@ impl OciStore {
         for blob in blobs {
             let digest = sha256_digest(blob);
             let exists = self
-                .client
+                .client()?
                 .blob_exists(reference, &digest)
                 .await
                 .unwrap_or(false);
             if !exists {
                 match self
-                    .client
+                    .client()?
                     .push_blob(reference, blob.to_vec(), &digest)
                     .await
                 {
@@ -551,7 +571,7 @@ impl OciStore {
                     // needs is only that the blob is there.
                     Err(oci_client::errors::OciDistributionError::RegistryNoLocationError)
                         if self
-                            .client
+                            .client()?
                             .blob_exists(reference, &digest)
                             .await
                             .unwrap_or(false) => {}
@@ -561,7 +581,7 @@ impl OciStore {
         }
         let body = serde_json::to_vec(manifest).expect("a manifest serializes");
         let digest = sha256_digest(&body);
-        self.client
+        self.client()?
             .push_manifest_raw(
                 reference,
                 body,

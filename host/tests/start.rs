@@ -172,3 +172,43 @@ fn run_refuses_a_bad_reference_or_key_in_one_line() {
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
     }
 }
+
+/// A machine (or image) without CA roots: `run` starts as ever (no registry client is
+/// needed until a plugin names a registry), and `push` says why it cannot, in one line.
+#[test]
+fn without_ca_roots_run_starts_and_push_says_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let no_roots = [
+        ("SSL_CERT_FILE", "/nonexistent/ca.crt"),
+        ("SSL_CERT_DIR", "/nonexistent/certs"),
+    ];
+    // `run` gets as far as the kubeconfig (which does not exist), and no panic.
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args(["run", "--plugins", dir.path().to_str().unwrap()])
+        .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+        .envs(no_roots)
+        .output()
+        .expect("run capstan");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("/nonexistent/kubeconfig"), "{stderr}");
+
+    let plugin = capstan_e2e::operator::plugin("uuid");
+    let out = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args([
+            "push",
+            plugin.to_str().unwrap(),
+            "oci://127.0.0.1:1/plugins/uuid:1",
+        ])
+        .envs(no_roots)
+        .output()
+        .expect("run capstan");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot make the registry client"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}

@@ -25,7 +25,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use binaries::{cache_dir, ensure_binaries, ensure_crane, ensure_helm};
+pub use binaries::{cache_dir, ensure_binaries, ensure_crane, ensure_debian_package, ensure_helm};
 use bootstrap::Kubectl;
 use node::NodePlan;
 pub use node::{HostSnapshot, NODE_NAME, NodeChoice, import_image};

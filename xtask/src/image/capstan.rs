@@ -31,6 +31,8 @@ pub const CONTENT: &[(&str, &str)] = &[
 /// The compiled plugins in the image (an entry of [`CONTENT`]).
 pub const PRECOMPILED: &str = "/opt/capstan/compiled";
 pub const ENTRYPOINT: &[&str] = &["/usr/local/bin/capstan"];
+/// The CA bundle the image carries (where distroless has it, and rustls looks).
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// distroless's `nonroot`.
 pub const USER: &str = "65532:65532";
 /// The image's own environment (the Dockerfile's `ENV`s).
@@ -136,6 +138,14 @@ fn assemble(rootfs: &Path, host: Host) -> Result<()> {
                 copy_file(Path::new(&copyright), &in_root(rootfs, &copyright))?;
             }
         }
+    }
+    // The CA roots distroless has (Debian's ca-certificates), for registries over HTTPS
+    // (`--plugin oci://…`), with their licence.
+    crate::cluster::ensure_debian_package(CA_BUNDLE, "ca-certificates")?;
+    copy_file(Path::new(CA_BUNDLE), &in_root(rootfs, CA_BUNDLE))?;
+    let copyright = "/usr/share/doc/ca-certificates/copyright";
+    if Path::new(copyright).is_file() {
+        copy_file(Path::new(copyright), &in_root(rootfs, copyright))?;
     }
     write_file(
         rootfs,
