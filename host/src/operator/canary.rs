@@ -292,6 +292,11 @@ impl Canary {
     /// reason when this one rolls the candidate back.
     pub fn record(&self, version: Version, uid: &str, failure: Option<&str>) -> Option<String> {
         let mut state = self.state();
+        if version == Version::Candidate {
+            // Also once it is judged: a reconcile under way at the rollback ends after
+            // it, and what it wrote (a failure) must be undone like the others'.
+            state.served.insert(uid.to_string());
+        }
         if state.phase != Phase::Stepping {
             return None;
         }
@@ -303,11 +308,10 @@ impl Canary {
             Some(_) => tally.failed += 1,
             None => tally.ok += 1,
         }
-        if version == Version::Candidate {
-            state.served.insert(uid.to_string());
-            if let Some(why) = failure {
-                state.last_failure = Some(why.to_string());
-            }
+        if version == Version::Candidate
+            && let Some(why) = failure
+        {
+            state.last_failure = Some(why.to_string());
         }
         let reason = self.exceeded(&state, self.policy.min_reconciles)?;
         state.phase = Phase::RolledBack {
@@ -650,8 +654,22 @@ mod tests {
         );
         assert_eq!(canary.rolled_back_notice("c3"), None);
         assert_eq!(canary.rolled_back_notice("s1"), None);
+        // A reconcile of the candidate under way at the rollback, which ends after it:
+        // not counted, but its parent goes back and is told like the others (CI run Q:
+        // such a parent kept the candidate's failure until the next resync).
+        assert_eq!(
+            canary.record(Version::Candidate, "late", Some("trap")),
+            None
+        );
+        assert!(canary.served().contains("late"));
+        assert!(canary.rolled_back_notice("late").is_some());
         // Nothing counts any more, and nothing steps it up again.
         assert_eq!(canary.record(Version::Candidate, "c1", None), None);
+        assert!(
+            canary.report().candidate.total() == 10,
+            "{:?}",
+            canary.report().candidate
+        );
         assert_eq!(
             canary.advance(Instant::now() + Duration::from_secs(3600)),
             None

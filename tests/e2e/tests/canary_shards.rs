@@ -135,11 +135,11 @@ async fn sharded_replicas_apply_the_same_split_and_each_rolls_back_or_promotes()
     let configmaps = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     wait_for("every Widget Ready with its ConfigMap", T, || async {
         for (name, _) in &uids {
-            let ready = ready_condition(&widgets.get(name).await?).map(|c| c.0);
-            if ready.as_deref() != Some("True")
-                || configmaps.get_opt(&format!("{name}-0")).await?.is_none()
-            {
-                return Ok(None);
+            let ready = ready_condition(&widgets.get(name).await?);
+            let configmap = configmaps.get_opt(&format!("{name}-0")).await?.is_some();
+            if ready.as_ref().map(|c| c.0.as_str()) != Some("True") || !configmap {
+                // Said by the timeout: which one, and how it stands.
+                anyhow::bail!("{name}: Ready {ready:?}, ConfigMap {name}-0 there: {configmap}");
             }
         }
         Ok(Some(()))
