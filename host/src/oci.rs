@@ -170,8 +170,6 @@ pub struct Pulled {
     pub digest: String,
     /// The component's bytes.
     pub bytes: Vec<u8>,
-    /// The reference pulled, by digest (`REGISTRY/REPOSITORY@sha256:…`).
-    pub by_digest: String,
 }
 
 /// Pulls and pushes plugins; one per process (it keeps the registries' tokens).
@@ -319,11 +317,7 @@ impl OciStore {
                 bytes
             }
         };
-        Ok(Pulled {
-            digest,
-            bytes,
-            by_digest: by_digest.whole(),
-        })
+        Ok(Pulled { digest, bytes })
     }
 
     /// A cosign signature of `digest` by `key` is in the repository of `by_digest`.
@@ -590,11 +584,6 @@ impl OciStore {
             .await
             .map_err(Self::registry_error(reference))?;
         Ok(digest)
-    }
-
-    /// The options the store was made with.
-    pub fn options(&self) -> &OciOptions {
-        &self.opts
     }
 }
 

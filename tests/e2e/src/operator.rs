@@ -327,6 +327,17 @@ impl Operator {
         serde_json::from_str(&body).context("parse /plugins")
     }
 
+    /// The `canary` entry of the plugin `name` in `/plugins` (null without a candidate).
+    pub async fn canary_state(&self, name: &str) -> Result<Value> {
+        Ok(self
+            .plugin_states()
+            .await?
+            .into_iter()
+            .find(|p| p["name"] == name)
+            .map(|p| p["canary"].clone())
+            .unwrap_or_default())
+    }
+
     /// The end of the operator's log, for failure messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();

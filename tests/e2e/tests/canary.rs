@@ -13,20 +13,10 @@ use capstan_e2e::operator::{Operator, test_plugin};
 use capstan_e2e::{TestNamespace, client, wait_for};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, ListParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const T: Duration = Duration::from_secs(90);
 const WIDGETS: usize = 12;
-
-/// The `canary` entry of the Widget plugin's file in `/plugins`.
-async fn canary_state(op: &Operator) -> anyhow::Result<Value> {
-    let states = op.plugin_states().await?;
-    Ok(states
-        .iter()
-        .find(|p| p["name"] == "widget")
-        .map(|p| p["canary"].clone())
-        .unwrap_or_default())
-}
 
 #[tokio::test]
 async fn a_failing_canary_is_rolled_back_and_a_healthy_one_is_promoted() {
@@ -59,7 +49,7 @@ async fn a_failing_canary_is_rolled_back_and_a_healthy_one_is_promoted() {
 
     // Rolled back, and said so.
     let rolled_back = wait_for("the broken candidate to be rolled back", T, || async {
-        let canary = canary_state(&op).await?;
+        let canary = op.canary_state("widget").await?;
         Ok((canary["phase"] == "rolled-back").then_some(canary))
     })
     .await
@@ -137,7 +127,7 @@ async fn a_failing_canary_is_rolled_back_and_a_healthy_one_is_promoted() {
     std::fs::copy(test_plugin("widget"), &staged).unwrap();
     std::fs::rename(&staged, op.plugins.path().join("widget.next.wasm")).unwrap();
     let promoted = wait_for("the healthy candidate promoted", T, || async {
-        let canary = canary_state(&op).await?;
+        let canary = op.canary_state("widget").await?;
         let served = canary["candidate"]["ok"].as_u64().unwrap_or_default();
         Ok((canary["phase"] == "promoted" && served >= WIDGETS as u64).then_some(canary))
     })

@@ -13,7 +13,7 @@ use capstan_e2e::operator::{Operator, test_plugin};
 use capstan_e2e::{TestNamespace, client, wait_for};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, ListParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 const T: Duration = Duration::from_secs(120);
@@ -30,16 +30,6 @@ fn in_share(uid: &str, percent: u64) -> bool {
         .finalize();
     let position = u64::from_be_bytes(digest[..8].try_into().unwrap()) % 10_000;
     position < percent * 100
-}
-
-async fn canary_state(op: &Operator) -> anyhow::Result<Value> {
-    Ok(op
-        .plugin_states()
-        .await?
-        .iter()
-        .find(|p| p["name"] == "widget")
-        .map(|p| p["canary"].clone())
-        .unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +104,7 @@ async fn sharded_replicas_apply_the_same_split_and_each_rolls_back_or_promotes()
     // Each replica rolls the candidate back, having failed on parents of its own.
     for op in &replicas {
         wait_for("the broken candidate rolled back", T, || async {
-            Ok((canary_state(op).await?["phase"] == "rolled-back").then_some(()))
+            Ok((op.canary_state("widget").await?["phase"] == "rolled-back").then_some(()))
         })
         .await
         .unwrap_or_else(|e| fail(e));
@@ -184,7 +174,7 @@ async fn sharded_replicas_apply_the_same_split_and_each_rolls_back_or_promotes()
     }
     for op in &replicas {
         wait_for("the healthy candidate promoted", T, || async {
-            let canary = canary_state(op).await?;
+            let canary = op.canary_state("widget").await?;
             Ok((canary["phase"] == "promoted" && canary["candidate"]["failed"] == 0).then_some(()))
         })
         .await

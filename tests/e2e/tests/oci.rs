@@ -280,14 +280,6 @@ async fn signed_plugins_from_a_registry_serve_and_a_moved_tag_is_a_new_version_o
     );
 }
 
-/// The `canary` entry of the serving `widget.oci` in `/plugins`.
-async fn canary_of(op: &Operator) -> anyhow::Result<Value> {
-    Ok(state(op, "/widget.oci")
-        .await?
-        .map(|s| s["canary"].clone())
-        .unwrap_or_default())
-}
-
 #[tokio::test]
 async fn under_canary_a_moved_tag_is_a_candidate_rolled_back_when_broken_promoted_when_healthy() {
     let client = client().await;
@@ -365,7 +357,7 @@ async fn under_canary_a_moved_tag_is_a_candidate_rolled_back_when_broken_promote
         false,
     );
     let rolled_back = wait_for("the broken digest rolled back", T, || async {
-        let canary = canary_of(&op).await?;
+        let canary = op.canary_state("widget").await?;
         Ok((canary["phase"] == "rolled-back").then_some(canary))
     })
     .await
@@ -396,7 +388,10 @@ async fn under_canary_a_moved_tag_is_a_candidate_rolled_back_when_broken_promote
         "{}",
         op.log_tail()
     );
-    assert!(canary_of(&op).await.unwrap().is_null(), "no candidate left");
+    assert!(
+        op.canary_state("widget").await.unwrap().is_null(),
+        "no candidate left"
+    );
     assert_eq!(
         op.counter("capstan_canary_rollbacks_total{plugin=\"widget\"}")
             .await
