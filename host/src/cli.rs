@@ -43,6 +43,49 @@ pub struct Cli {
 enum Command {
     /// Run the operator: serve every plugin of a directory against a cluster.
     Run(Box<RunArgs>),
+    /// Create a plugin project in NAME/: the plugin with one child and a status, its
+    /// CRD, a sample parent and the golden file of what it renders, a README and a
+    /// capstan.toml naming the build command.
+    New {
+        /// The project's and the plugin's name (lower case, digits and '-').
+        name: String,
+        /// The language of the plugin.
+        #[arg(long, value_enum)]
+        lang: capstan::author::Language,
+        /// The parent kind's API group.
+        #[arg(long, default_value = "example.com")]
+        group: String,
+        /// The parent kind's version.
+        #[arg(long, default_value = "v1")]
+        version: String,
+        /// The parent kind (default: NAME in CamelCase).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Take the SDK from this directory of packages (`cargo xtask sdks` writes
+        /// target/sdks) instead of the public registry.
+        #[arg(long)]
+        sdks: Option<PathBuf>,
+    },
+    /// Build the plugin project in DIR with the command of its capstan.toml and the
+    /// pinned toolchain (installed once per machine), then print the component's path.
+    Build {
+        /// The project directory.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Render every sample parent of the project in DIR (samples/NAME.yaml, with
+    /// NAME.observed.yaml and NAME.related.yaml if present) and compare each result
+    /// with its golden file, NAME.golden.yaml. Exits 1 when one differs.
+    Test {
+        /// The project directory.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Write the golden files from what the samples render now.
+        #[arg(long)]
+        update: bool,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
     /// Run one reconcile offline and print what would be applied, as YAML.
     Render {
         /// The plugin component (.wasm).
@@ -529,6 +572,38 @@ pub fn init_tracing(cli: &Cli) {
 pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run_operator(*args)?,
+        Command::New {
+            name,
+            lang,
+            group,
+            version,
+            kind,
+            sdks,
+        } => {
+            let options = capstan::author::scaffold::NewOptions {
+                name,
+                language: lang,
+                group,
+                version,
+                kind,
+                sdks,
+            };
+            let dir = capstan::author::scaffold::create(Path::new("."), &options)?;
+            println!(
+                "created {}: `cd {0} && capstan build && capstan test`",
+                dir.display()
+            );
+        }
+        Command::Build { dir } => {
+            let project = capstan::author::project::Project::open(&dir)?;
+            let built = project.build()?;
+            println!("{}", built.display());
+        }
+        Command::Test {
+            dir,
+            update,
+            sandbox,
+        } => return test_samples(&dir, update, &sandbox),
         Command::Render {
             plugin,
             parent,
@@ -715,6 +790,63 @@ impl Cli {
             _ => 1,
         }
     }
+}
+
+/// `capstan test`: every sample rendered and compared with its golden file (or written
+/// into it with `--update`); one line per sample, the differing fields under a failing
+/// one, then a summary. Exit 1 when a sample differs or has no golden file.
+fn test_samples(dir: &Path, update: bool, sandbox: &SandboxArgs) -> Result<ExitCode> {
+    use capstan::author::samples::{self, Verdict};
+    let project = capstan::author::project::Project::open(dir)?;
+    let plugin = sandbox.load(&project.built_output()?)?;
+    let found = samples::find(&project.dir.join("samples"))?;
+    let (mut failed, mut written) = (0, 0);
+    for sample in &found {
+        let rendered = samples::render_sample(&plugin, sample)?;
+        let golden = match std::fs::read_to_string(&sample.golden) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).with_context(|| format!("read {}", sample.golden.display())),
+        };
+        let verdict = samples::compare(golden.as_deref(), &rendered);
+        let shown = sample.parent.display();
+        match (verdict, update) {
+            (Verdict::Same, _) => println!("ok      {shown}"),
+            (_, true) => {
+                std::fs::write(&sample.golden, &rendered)
+                    .with_context(|| format!("write {}", sample.golden.display()))?;
+                written += 1;
+                println!("updated {}", sample.golden.display());
+            }
+            (Verdict::NoGolden, false) => {
+                failed += 1;
+                println!(
+                    "FAILED  {shown}: no golden file {} (`capstan test --update` writes it)",
+                    sample.golden.display()
+                );
+            }
+            (Verdict::Differs(fields), false) => {
+                failed += 1;
+                println!(
+                    "FAILED  {shown}: differs from {} (golden -> rendered):",
+                    sample.golden.display()
+                );
+                print!("{fields}");
+            }
+        }
+    }
+    let total = found.len();
+    match (failed, written) {
+        (0, 0) => println!("{total} samples: all match their golden files"),
+        (0, n) => println!("{total} samples: {n} golden files written"),
+        (n, _) => {
+            println!(
+                "{total} samples: {n} failed (`capstan test --update` accepts what they render now)"
+            );
+            return Ok(ExitCode::from(1));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `capstan plan --against`: both versions rendered on each parent of the files, with
@@ -999,17 +1131,7 @@ async fn shutdown_signal() {
     }
 }
 
-/// An error chain as one line, without repeating itself.
-pub fn one_line(err: &anyhow::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for cause in err.chain() {
-        let text = cause.to_string().replace('\n', " ");
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-    }
-    parts.join(": ")
-}
+pub use capstan::one_line;
 
 /// `capstan push`: the component to a tag (signed with a key), its digest printed.
 fn push(

@@ -8,6 +8,7 @@
 //! applies them to the cluster.
 #![deny(unsafe_code)]
 
+pub mod author;
 pub mod contract;
 pub mod convert;
 pub mod diff;
@@ -21,3 +22,16 @@ pub mod render;
 pub mod shard;
 pub mod signature;
 pub mod validate;
+
+/// An error chain as one line, without repeating itself: how every command reports a
+/// failure.
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}

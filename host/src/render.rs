@@ -285,6 +285,9 @@ pub fn render(plugin: &Plugin, observed: &Observed, now: &str) -> Result<Rendere
     Ok(Rendered { plan })
 }
 
+/// The UID a parent read from a file gets when it has none.
+pub const SAMPLE_UID: &str = "00000000-0000-0000-0000-000000000000";
+
 /// A parent read from a file lacks what the API server would set; fill in stand-ins so
 /// that rendering works on a sample manifest.
 fn fill_server_fields(parent: &mut Value) {
@@ -294,8 +297,7 @@ fn fill_server_fields(parent: &mut Value) {
     let meta = obj.entry("metadata").or_insert_with(|| json!({}));
     if let Some(meta) = meta.as_object_mut() {
         meta.entry("namespace").or_insert_with(|| json!("default"));
-        meta.entry("uid")
-            .or_insert_with(|| json!("00000000-0000-0000-0000-000000000000"));
+        meta.entry("uid").or_insert_with(|| json!(SAMPLE_UID));
         meta.entry("generation").or_insert_with(|| json!(1));
     }
 }

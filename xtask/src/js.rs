@@ -1,7 +1,6 @@
 //! TypeScript plugins: the pinned npm toolchain (componentize-js, jco, TypeScript,
 //! esbuild), the SDK's unit tests, and the example plugin built into target/test-plugins/.
 
-use std::hash::{DefaultHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::SystemTime;
@@ -36,7 +35,9 @@ pub fn build_plugins(out: &Path) -> Result<()> {
                 .build_script()
                 .arg("component")
                 .arg(project)
-                .arg(&wasm),
+                .arg(&wasm)
+                // The contract's one WIT file, not the copy a packaged SDK ships.
+                .arg(root().join("wit")),
         )?;
     }
     Ok(())
@@ -52,73 +53,57 @@ pub fn test() -> Result<()> {
     run_cmd(Command::new("node").arg("--test").arg(&out))
 }
 
+/// Installs the toolchain and generates the contract's declarations into
+/// plugins/sdk-js/generated (ignored by git).
+pub fn generate_types() -> Result<()> {
+    types(&Tools::install()?)
+}
+
+fn types(tools: &Tools) -> Result<()> {
+    run_cmd(
+        tools
+            .build_script()
+            .arg("types")
+            .arg(root().join("wit"))
+            .arg(root().join(SDK).join("generated")),
+    )
+}
+
 /// Installs the toolchain, generates the contract's types and type-checks every project.
 fn prepare() -> Result<Tools> {
     let tools = Tools::install()?;
-    run_cmd(tools.build_script().arg("types"))?;
-    for project in std::iter::once(SDK).chain(PLUGINS.iter().map(|(p, _)| *p)) {
-        run_cmd(
-            Command::new("node")
-                .arg(tools.node_modules.join("typescript/bin/tsc"))
-                .args(["--pretty", "false", "-p", project]),
-        )?;
-    }
+    types(&tools)?;
+    run_cmd(
+        tools
+            .build_script()
+            .arg("check")
+            .args(std::iter::once(SDK).chain(PLUGINS.iter().map(|(p, _)| *p))),
+    )?;
     Ok(tools)
 }
 
-/// The npm packages of the SDK's lock file, installed once per machine.
+/// The pinned toolchain, installed once per machine by the installer `capstan build`
+/// uses too (capstan-toolchain).
 struct Tools {
-    node_modules: PathBuf,
+    toolchain: capstan_toolchain::js::JsToolchain,
 }
 
 impl Tools {
-    /// `npm ci` of the SDK's lock file into the cache, keyed by the lock file's contents:
-    /// built in a temporary directory and renamed into place, so an interrupted install
-    /// is never mistaken for a finished one. Then `plugins/sdk-js/node_modules` is made a
-    /// link to it, where Node, TypeScript and editors look; a real directory there (the
-    /// author ran `npm ci` by hand) is left as it is and used.
+    /// Installs the toolchain, then makes `plugins/sdk-js/node_modules` a link to its
+    /// packages, where TypeScript and editors look for this repository's projects; a
+    /// real directory there (the author ran `npm ci` by hand) is left as it is.
     fn install() -> Result<Tools> {
-        let sdk = root().join(SDK);
-        let lock =
-            std::fs::read(sdk.join("package-lock.json")).context("read the SDK's lock file")?;
-        let mut hash = DefaultHasher::new();
-        hash.write(&lock);
-        let dir = crate::cluster::cache_dir()?.join(format!("tools/js-{:016x}", hash.finish()));
-        if !dir.join("node_modules").is_dir() {
-            eprintln!(
-                "installing the TypeScript plugin toolchain into {} (once per machine)",
-                dir.display()
-            );
-            let tmp = dir.with_extension("tmp");
-            let _ = std::fs::remove_dir_all(&tmp);
-            std::fs::create_dir_all(&tmp)?;
-            for file in ["package.json", "package-lock.json"] {
-                std::fs::copy(sdk.join(file), tmp.join(file))?;
-            }
-            // No install scripts: every package here works without them (esbuild finds
-            // its binary in its platform package), and none is run unreviewed.
-            run_cmd(
-                Command::new("npm")
-                    .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
-                    .arg("--prefix")
-                    .arg(&tmp),
-            )
-            .context("npm ci of plugins/sdk-js/package-lock.json")?;
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::rename(&tmp, &dir)?;
-        }
-        let node_modules = dir.join("node_modules");
-        link_node_modules(&sdk.join("node_modules"), &node_modules)?;
-        Ok(Tools {
-            node_modules: sdk.join("node_modules"),
-        })
+        let toolchain = capstan_toolchain::js::install()?;
+        link_node_modules(
+            &root().join(SDK).join("node_modules"),
+            &toolchain.node_modules(),
+        )?;
+        Ok(Tools { toolchain })
     }
 
-    /// `node plugins/sdk-js/tools/build.mjs`.
+    /// `node <toolchain>/build.mjs`: the same script as plugins/sdk-js/tools/build.mjs.
     fn build_script(&self) -> Command {
-        let mut cmd = Command::new("node");
-        cmd.arg(root().join(SDK).join("tools/build.mjs"));
-        cmd
+        self.toolchain.build_script()
     }
 }
 

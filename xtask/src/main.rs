@@ -12,6 +12,7 @@ mod image;
 mod js;
 mod oci;
 mod python;
+mod sdks;
 mod tools;
 
 use std::path::{Path, PathBuf};
@@ -31,6 +32,8 @@ commands:
   bench [--quick]          benchmarks on a local cluster: Capstan against a native
                            controller, scaling, memory, hot reload, restart, the sandbox
                            (docs/performance.md; results in target/bench/)
+  sdks                     the Rust, Python and TypeScript SDKs packaged as their
+                           registries take them, into target/sdks/ (for `capstan new --sdks`)
   cluster up|down|status   a real local Kubernetes control plane (built from Go modules)
   image [capstan|postgres] [--import]
                            container images without Docker (OCI tars in target/images/):
@@ -71,6 +74,7 @@ fn run(args: &[String]) -> Result<()> {
             _ => bail!("usage: cargo xtask plugins [--shipped]"),
         },
         Some("test") => test(&args[1..]),
+        Some("sdks") => sdks::build().map(drop),
         Some("demo") => demo::main(&args[1..]),
         Some("bench") => bench::main(&args[1..]),
         Some("image") => image::main(&args[1..]),
@@ -219,13 +223,14 @@ fn test(args: &[String]) -> Result<()> {
         python::unit_tests()?;
         js::test()?;
         let component_plugin = tools::build_with_cargo_component()?;
+        let sdks = sdks::build()?;
         build_host()?;
-        Ok((built, component_plugin))
+        Ok((built, component_plugin, sdks))
     })();
     let beside = beside
         .join()
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the thread of the Go builds panicked")));
-    let (built, component_plugin) = rust?;
+    let (built, component_plugin, sdks) = rust?;
     beside.context("build the cluster's binaries and images")?;
     let helm = cluster::ensure_helm()?;
     let crane = cluster::ensure_crane()?;
@@ -252,6 +257,8 @@ fn test(args: &[String]) -> Result<()> {
             .env("CAPSTAN_PLUGIN_DIR", &built.plugins)
             .env("CAPSTAN_TEST_PLUGIN_DIR", &built.test_plugins)
             .env("CAPSTAN_COMPONENT_PLUGIN", &component_plugin)
+            // The SDK packages `capstan new --sdks` takes (host/tests/new.rs).
+            .env("CAPSTAN_SDKS", &sdks)
             // The fake-tier churn at the size (`cargo test -p capstan` alone
             // churns 300 parents, to stay within seconds).
             .env("CAPSTAN_CHURN_PARENTS", "10000")

@@ -16,11 +16,17 @@ export interface LogSink {
 
 const ORDER: Record<Level, number> = { trace: 0, debug: 1, info: 2, warn: 3, error: 4 };
 
+/**
+ * The global `console`, typed here: a plugin project compiles the SDK without Node's
+ * (or the DOM's) declarations, and both Node and the sandbox's engine have it.
+ */
+const stderr = (globalThis as unknown as { console: { error(line: string): void } }).console;
+
 /** A sink for Node: lines at `minimum` and above go to stderr. */
 export function stderrSink(minimum: Level = 'info'): LogSink {
   return {
     enabled: (level) => ORDER[level] >= ORDER[minimum],
-    log: (level, message) => console.error(`[${level}] ${message}`),
+    log: (level, message) => stderr.error(`[${level}] ${message}`),
   };
 }
 

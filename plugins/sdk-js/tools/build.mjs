@@ -1,13 +1,19 @@
-// Builds TypeScript Capstan plugins: the contract's types from wit/capstan.wit, bundles,
-// and components. `cargo xtask plugins` and `cargo xtask test` run it; so can you:
+// Builds TypeScript Capstan plugins: the contract's types from its WIT, type checks,
+// bundles and components. `capstan build` runs it from the pinned toolchain it installs
+// (as `capstan-js`), and so does `cargo xtask` for this repository's plugins:
 //
-//   node plugins/sdk-js/tools/build.mjs types
-//   node plugins/sdk-js/tools/build.mjs component plugins/greeting-ts target/plugins/greeting-ts.wasm
-//   node plugins/sdk-js/tools/build.mjs tests plugins/sdk-js plugins/greeting-ts target/js/tests
+//   capstan-js check <project>
+//   capstan-js component <project> <out.wasm> [<wit dir>]
+//   capstan-js types <wit dir> <out dir>
+//   capstan-js tests <project>... <out dir>
 //
-// Packages come from plugins/sdk-js/node_modules (`npm ci` there, or the xtask's cached
-// install linked there), at the exact versions of package-lock.json.
+// Its packages (componentize-js, jco, esbuild, TypeScript) resolve from the directory
+// this file is in: the toolchain's, at the exact versions of the SDK's package-lock.json.
+// The project's own `@capstan/sdk` resolves from the project (its node_modules, or
+// tsconfig paths in this repository).
 
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -17,13 +23,23 @@ import { types } from '@bytecodealliance/jco';
 import { _setPreopens } from '@bytecodealliance/preview2-shim/filesystem';
 import { build } from 'esbuild';
 
-const SDK = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-const ROOT = resolve(SDK, '../..');
-/** The contract: read from its one place in the repository, never copied. */
-const WIT = join(ROOT, 'wit');
+/**
+ * A file of an installed package, found as Node finds packages (the node_modules of this
+ * file's directory, then of each parent): for files a package's `exports` do not list,
+ * such as TypeScript's `bin/tsc`.
+ */
+function packageFile(name, file) {
+  for (let dir = dirname(fileURLToPath(import.meta.url)); ; dir = dirname(dir)) {
+    const path = join(dir, 'node_modules', name, file);
+    if (existsSync(path)) {
+      return path;
+    }
+    if (dirname(dir) === dir) {
+      throw new Error(`${name} is not installed beside ${fileURLToPath(import.meta.url)}`);
+    }
+  }
+}
 const WORLD = 'plugin';
-/** Where the generated declarations go (ignored by git, made by `types`). */
-const GENERATED = join(SDK, 'generated');
 
 /**
  * Features of the StarlingMonkey engine left out of every plugin. `http` and `fetch-event`
@@ -33,29 +49,61 @@ const GENERATED = join(SDK, 'generated');
  */
 const DISABLED_FEATURES = ['http', 'fetch-event'];
 
-// jco's and componentize-js's WIT readers are components run by preview2-shim, which
-// since 0.26 grants them no directory unless asked (the cause of `jco componentize`'s
-// "failed to get path metadata (os error 44)"): grant them the WIT directory only.
-_setPreopens({ [WIT]: WIT });
+/**
+ * jco's and componentize-js's WIT readers are components run by preview2-shim, which
+ * since 0.26 grants them no directory unless asked (the cause of `jco componentize`'s
+ * "failed to get path metadata (os error 44)"): grant them the WIT directory only.
+ */
+function witDir(dir) {
+  const wit = resolve(dir);
+  if (!existsSync(join(wit, 'capstan.wit'))) {
+    throw new Error(`no capstan.wit in ${wit}: is @capstan/sdk installed (npm install)?`);
+  }
+  _setPreopens({ [wit]: wit });
+  return wit;
+}
 
 const commands = {
-  /** Declarations of the contract's interfaces, for TypeScript. */
-  async types() {
-    const files = await types(WIT, { worldName: WORLD, guest: true, outDir: '', quiet: true });
-    await rm(GENERATED, { recursive: true, force: true });
+  /** `<wit dir> <out dir>`: declarations of the contract's interfaces, for TypeScript. */
+  async types(wit, outDir) {
+    if (!wit || !outDir) {
+      throw new Error('usage: types <wit dir> <out dir>');
+    }
+    const files = await types(witDir(wit), { worldName: WORLD, guest: true, outDir: '', quiet: true });
+    const generated = resolve(outDir);
+    await rm(generated, { recursive: true, force: true });
     for (const [name, bytes] of Object.entries(files)) {
-      const path = join(GENERATED, name);
+      const path = join(generated, name);
       await mkdir(dirname(path), { recursive: true });
       await writeFile(path, bytes);
     }
-    console.log(`types: ${Object.keys(files).length} files in ${GENERATED}`);
+    console.log(`types: ${Object.keys(files).length} files in ${generated}`);
   },
 
-  /** `<project> <out.wasm>`: bundles `<project>/src/index.ts` and componentizes it. */
-  async component(project, out) {
-    if (!project || !out) {
-      throw new Error('usage: component <project dir> <out.wasm>');
+  /** `<project>...`: type-checks each project with its tsconfig.json (`tsc --noEmit`). */
+  async check(...projects) {
+    if (projects.length === 0) {
+      throw new Error('usage: check <project dir>...');
     }
+    const tsc = packageFile('typescript', 'bin/tsc');
+    for (const project of projects) {
+      const run = spawnSync(process.execPath, [tsc, '--pretty', 'false', '-p', resolve(project)], { stdio: 'inherit' });
+      if (run.status !== 0) {
+        throw new Error(`type errors in ${project} (tsc exited with ${run.status ?? run.signal})`);
+      }
+    }
+  },
+
+  /**
+   * `<project> <out.wasm> [<wit dir>]`: bundles `<project>/src/index.ts` and
+   * componentizes it against the contract's WIT (by default the one the project's
+   * `@capstan/sdk` ships).
+   */
+  async component(project, out, wit) {
+    if (!project || !out) {
+      throw new Error('usage: component <project dir> <out.wasm> [<wit dir>]');
+    }
+    const witPath = witDir(wit ?? join(resolve(project), 'node_modules/@capstan/sdk/wit'));
     const work = resolve(out + '.build');
     await rm(work, { recursive: true, force: true });
     await mkdir(work, { recursive: true });
@@ -69,7 +117,7 @@ const commands = {
     const started = Date.now();
     const { component } = await componentize({
       sourcePath: bundle,
-      witPath: WIT,
+      witPath,
       worldName: WORLD,
       disableFeatures: DISABLED_FEATURES,
     });
@@ -115,7 +163,13 @@ async function bundleFiles(entryPoints, outdir, options) {
 
 const [command, ...args] = process.argv.slice(2);
 if (!Object.hasOwn(commands, command ?? '')) {
-  console.error(`usage: build.mjs ${Object.keys(commands).join('|')} ...`);
+  console.error(`usage: capstan-js ${Object.keys(commands).join('|')} ...`);
   process.exit(2);
 }
-await commands[command](...args);
+try {
+  await commands[command](...args);
+} catch (e) {
+  // One line: what failed and why (esbuild and tsc have printed their own details).
+  console.error(`capstan-js ${command}: ${e instanceof Error ? e.message : e}`);
+  process.exit(1);
+}

@@ -195,14 +195,7 @@ pub fn control_plane_dir() -> PathBuf {
 
 /// `$CAPSTAN_CACHE_DIR`, else `$XDG_CACHE_HOME/capstan`, else `~/.cache/capstan`.
 pub fn cache_dir() -> Result<PathBuf> {
-    if let Some(dir) = env::var_os("CAPSTAN_CACHE_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = env::var_os("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(dir).join("capstan"));
-    }
-    let home = env::var_os("HOME").context("neither CAPSTAN_CACHE_DIR nor HOME is set")?;
-    Ok(PathBuf::from(home).join(".cache/capstan"))
+    capstan_toolchain::cache_dir()
 }
 
 /// Where the binaries of the pinned versions live (they may not be built yet).
