@@ -173,6 +173,52 @@ fn new_build_test(lang: &str) {
         tested.contains("2 samples: all match their golden files"),
         "{tested}"
     );
+
+    if let Some((file, bug, said)) = bug_in(lang, &name) {
+        // A bug: the log names the author's source file and line, not the bundle's or
+        // the component's paths, and does not call a caught exception uncaught.
+        let path = project.join(&file);
+        let source = std::fs::read_to_string(&path).unwrap();
+        let (anchor, injected) = bug;
+        assert!(source.contains(anchor), "{file} has no {anchor:?}");
+        let source = source.replacen(anchor, &format!("{anchor}{injected}"), 1);
+        std::fs::write(&path, &source).unwrap();
+        // The line that throws: the last line of the injected code.
+        let line = source[..source.find(injected).unwrap() + injected.len()]
+            .lines()
+            .count();
+        ok(capstan_in(&project, &["build"]), "capstan build with a bug");
+        let boom = project.join("boom.yaml");
+        std::fs::write(&boom, sample.replace("Hello from Capstan", "boom")).unwrap();
+        let out = capstan_in(
+            &project,
+            &[
+                "render",
+                "--plugin",
+                wasm.to_str().unwrap(),
+                "--parent",
+                boom.to_str().unwrap(),
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let at = said.replace("LINE", &line.to_string());
+        assert!(
+            stderr.contains(&at),
+            "the log should name {at:?}:\n{stderr}"
+        );
+        for noise in ["uncaught", "plugin.js:", "\"/0/", ".wasm.build"] {
+            assert!(!stderr.contains(noise), "{noise:?} in:\n{stderr}");
+        }
+        assert!(
+            stderr
+                .lines()
+                .last()
+                .unwrap()
+                .starts_with("capstan: reconcile failed"),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]
@@ -220,4 +266,29 @@ fn bad_input_to_new_build_and_test_is_one_line_and_writes_nothing() {
     // Not a project: build and test say so (the same checks as every command's errors).
     assert_fails_with(&["build", d], "has no capstan.toml");
     assert_fails_with(&["test", d], "has no capstan.toml");
+}
+
+/// Where to put a bug in a new project of `lang` (after which anchor, what), and what
+/// the log must then say (`LINE`: the line that throws).
+fn bug_in(lang: &str, name: &str) -> Option<(String, (&'static str, &'static str), String)> {
+    let module = name.replace('-', "_");
+    match lang {
+        "typescript" => Some((
+            "src/plugin.ts".into(),
+            (
+                "    const spec = ctx.spec(parseSpec);\n",
+                "    if (spec.message === 'boom') JSON.parse('{not json');\n",
+            ),
+            "reconcile@src/plugin.ts:LINE:".into(),
+        )),
+        "python" => Some((
+            format!("{module}/__init__.py"),
+            (
+                "        exists = ctx.child(CONFIG_MAP, name) is not None\n",
+                "        if message == \"boom\":\n            raise KeyError(message)\n",
+            ),
+            format!("File \"{module}/__init__.py\", line LINE"),
+        )),
+        _ => None,
+    }
 }

@@ -11,6 +11,7 @@ import { log } from './log.js';
 import type { KubeObject } from './objects.js';
 import { type Plugin, type PluginInfo, pluginInfo } from './plugin.js';
 import { Related } from './related.js';
+import { mapStack } from './sourcemap.js';
 
 /** The functions of `capstan:plugin/reconciler`, as componentize-js calls them. */
 export type ReconcilerExports = typeof Reconciler;
@@ -123,9 +124,13 @@ function refusing<T>(hook: string, call: () => T): T {
   }
 }
 
-/** Anything but `Invalid` and `Retry` is a bug: its stack goes to the log, never to the user. */
+/**
+ * Anything but `Invalid` and `Retry` is a bug: the SDK caught it and the host gets a
+ * `retry` naming it; its stack goes to the log (in the author's TypeScript positions,
+ * when the build appended its source map), never to the user.
+ */
 function logBug(hook: string, thrown: unknown): void {
   if (thrown instanceof Error && !(thrown instanceof Invalid || thrown instanceof Retry)) {
-    log.error(() => `uncaught in ${hook}: ${thrown.stack ?? String(thrown)}`);
+    log.error(() => `${hook} threw ${thrown.name}: ${thrown.message} (a bug in the plugin)\n${mapStack(thrown.stack ?? '')}`.trimEnd());
   }
 }

@@ -287,7 +287,7 @@ describe('customize', () => {
     assert.equal(out.error.tag, 'retry');
     assert.match(out.error.val, /^TypeError: /);
     assert.equal(lines.length, 1);
-    assert.match(lines[0] ?? '', /^uncaught in customize: TypeError/);
+    assert.match(lines[0] ?? '', /^customize threw TypeError/);
   });
 
   test('anything but a Related is a retry', () => {
@@ -368,7 +368,7 @@ describe('teardown waves', () => {
     let out: ReturnType<typeof renderFinalize> | undefined;
     const lines = errorLines(() => (out = renderFinalize(keeper, cache({ mode: 'bug' }))));
     assert.deepEqual(out, { ok: false, error: { tag: 'retry', val: 'RangeError: no more waves' } });
-    assert.match(lines[0] ?? '', /^uncaught in finalize: RangeError/);
+    assert.match(lines[0] ?? '', /^finalize threw RangeError/);
   });
 
   test('a child to delete needs a name', () => {
@@ -405,7 +405,7 @@ describe('validate', () => {
     assert.ok(out !== undefined && !out.ok);
     assert.match(out.refusal, /^TypeError: [^\n]+$/);
     assert.doesNotMatch(out.refusal, /\bat /);
-    assert.match(lines[0] ?? '', /^uncaught in validate: TypeError[^]*\bat /);
+    assert.match(lines[0] ?? '', /^validate threw TypeError[^]*\bat /);
     errorLines(() => (out = renderValidate(keeper, undefined, cache({ mode: 'multi-line' }))));
     assert.deepEqual(out, { ok: false, refusal: 'Error: first line second line' });
   });
@@ -450,7 +450,7 @@ describe('convert', () => {
     let out: ReturnType<typeof renderConvert> | undefined;
     const lines = errorLines(() => (out = renderConvert(keeper, cache({ mode: 'bug' }), 'v1')));
     assert.deepEqual(out, { ok: false, refusal: 'TypeError: cannot read the spec' });
-    assert.match(lines[0] ?? '', /^uncaught in convert: TypeError: cannot read the spec/);
+    assert.match(lines[0] ?? '', /^convert threw TypeError: cannot read the spec/);
   });
 
   test('anything but an object is a refusal', () => {

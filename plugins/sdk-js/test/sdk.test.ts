@@ -6,6 +6,7 @@ import { describe, test } from 'node:test';
 import { Context, Desired, Finalized, Invalid, Kinds, type KubeObject, log, namespacedKind, Retry } from '../src/index.js';
 import { bindPlugin } from '../src/binding.js';
 import { definePlugin, pluginInfo } from '../src/plugin.js';
+import { decodeMappings, SourcePositions } from '../src/sourcemap.js';
 import { captureLogs, observeFor, render } from '../src/testing.js';
 
 interface WidgetSpec {
@@ -165,7 +166,7 @@ describe('the contract binding', () => {
       assert.equal(out.error.tag, 'retry');
       assert.match(out.error.val, /^TypeError: /);
       assert.equal(logs.lines.length, 1);
-      assert.match(logs.lines[0]?.message ?? '', /^uncaught in reconcile: TypeError/);
+      assert.match(logs.lines[0]?.message ?? '', /^reconcile threw TypeError/);
     } finally {
       logs.restore();
     }
@@ -199,5 +200,30 @@ describe('log', () => {
     } finally {
       logs.restore();
     }
+  });
+});
+
+describe('source maps', () => {
+  // A map esbuild wrote for a two-line source (`const a = 1;\nthrow new Error(a);`)
+  // bundled onto lines 3 and 4: each segment [generated column, source, line, column].
+  const map = { sources: ['src/plugin.ts'], mappings: ';;AAAA,MAAM;AACN,AAAA' };
+
+  test('decodes the segments of every line', () => {
+    assert.deepEqual(decodeMappings(map.mappings), [[], [], [[0, 0, 0, 0], [6, 0, 0, 6]], [[0, 0, 1, 0], [0, 0, 1, 0]]]);
+    assert.equal(decodeMappings('A!A'), undefined);
+  });
+
+  test('maps the positions of a stack in the bundle to the source', () => {
+    const positions = SourcePositions.of(map);
+    assert.ok(positions);
+    assert.equal(positions.lookup(3, 8), 'src/plugin.ts:1:7');
+    assert.equal(positions.lookup(4, 1), 'src/plugin.ts:2:1');
+    assert.equal(positions.lookup(1, 1), undefined, 'an unmapped line');
+    const stack = 'reconcile@target/x.wasm.build/plugin.js:3:9\nrun@target/x.wasm.build/plugin.js:1:1\nother@lib.js:3:9';
+    assert.equal(
+      positions.mapStack(stack),
+      'reconcile@src/plugin.ts:1:7\nrun@target/x.wasm.build/plugin.js:1:1\nother@lib.js:3:9',
+    );
+    assert.equal(SourcePositions.of(undefined), undefined);
   });
 });

@@ -14,8 +14,8 @@
 
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
-import { basename, dirname, join, resolve } from 'node:path';
+import { appendFile, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { basename, dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { componentize } from '@bytecodealliance/componentize-js';
@@ -113,7 +113,10 @@ const commands = {
       // The contract's interfaces are the component's imports, not modules to bundle.
       external: ['capstan:*'],
       entryNames: 'plugin',
+      sourcemap: 'external',
+      sourcesContent: false,
     });
+    await appendSourceMap(bundle, resolve(project));
     const started = Date.now();
     const { component } = await componentize({
       sourcePath: bundle,
@@ -147,6 +150,19 @@ const commands = {
     }
   },
 };
+
+/**
+ * Appends the bundle's source map to the bundle, as `globalThis.__capstanSourceMap`, with
+ * its sources relative to the project (`src/plugin.ts`): the SDK maps a bug's stack
+ * through it before logging it (src/sourcemap.ts). Appended, so no line of the bundle
+ * moves.
+ */
+async function appendSourceMap(bundle, project) {
+  const map = JSON.parse(await readFile(`${bundle}.map`, 'utf8'));
+  const sources = map.sources.map((s) => relative(project, resolve(dirname(bundle), s)));
+  const kept = JSON.stringify({ sources, mappings: map.mappings });
+  await appendFile(bundle, `\nglobalThis.__capstanSourceMap = ${kept};\n`);
+}
 
 /** Bundles TypeScript with esbuild, which resolves `@capstan/sdk` through tsconfig paths. */
 async function bundleFiles(entryPoints, outdir, options) {

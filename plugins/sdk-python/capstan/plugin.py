@@ -1,6 +1,7 @@
 """The plugin interface, and the calls into it shared by the sandbox and the test harness."""
 
 import json
+import re
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -90,6 +91,17 @@ def one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
+# componentize-py serves each `-p` directory of the build under `/0/`, `/1/`, ... inside
+# the component, so a traceback names `/0/banner/__init__.py`.
+_SEARCH_PATH_PREFIX = re.compile(r'File "/\d+/')
+
+
+def author_paths(text: str) -> str:
+    """A traceback with the paths the author knows: relative to the directory given to
+    the build (``banner/__init__.py``), not the component's ``/0/banner/__init__.py``."""
+    return _SEARCH_PATH_PREFIX.sub('File "', text)
+
+
 def guarded(call, *args, what: str = "reconcile"):
     """Runs a plugin method; an exception other than Invalid or Retry is a bug in the
     plugin: its traceback goes to the log at error level and the caller gets a Retry
@@ -100,7 +112,8 @@ def guarded(call, *args, what: str = "reconcile"):
     except PluginError:
         raise
     except Exception as e:
-        log.error(f"{what} raised " + "".join(traceback.format_exception(e)).rstrip())
+        trace = "".join(traceback.format_exception(e)).rstrip()
+        log.error(f"{what} raised {type(e).__name__} (a bug in the plugin): {author_paths(trace)}")
         raise Retry(one_line(f"the plugin raised {type(e).__name__}: {e}")) from None
 
 

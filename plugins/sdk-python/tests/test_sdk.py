@@ -137,6 +137,22 @@ class HarnessTest(unittest.TestCase):
         self.assertEqual(lines[0][0], "error")
         self.assertIn("Traceback", lines[0][1])
 
+    def test_tracebacks_name_the_author_s_files_not_the_component_s(self):
+        from capstan.plugin import author_paths
+
+        inside = (
+            'Traceback (most recent call last):\n'
+            '  File "/1/capstan/plugin.py", line 101, in guarded\n'
+            '  File "/0/banner/__init__.py", line 30, in reconcile\n'
+            "KeyError: 'message'"
+        )
+        self.assertEqual(
+            author_paths(inside),
+            inside.replace('"/1/capstan', '"capstan').replace('"/0/banner', '"banner'),
+        )
+        # Paths of the author's own machine are left alone.
+        self.assertEqual(author_paths('File "/home/a/x.py"'), 'File "/home/a/x.py"')
+
     def test_what_json_cannot_hold_is_a_retry(self):
         with self.assertRaisesRegex(Retry, "cannot serialize the status"):
             reconcile(Greeter(), greeting(mode="set"))
