@@ -1,8 +1,10 @@
 //! The TypeScript example plugin (plugins/greeting-ts, a componentize-js component)
-//! through `capstan render`, `inspect` and `crd`, as its authors use them: golden files
-//! for a new and a ready Greeting, and a wrong spec giving one clear error line.
+//! through `capstan test`, `inspect` and `crd`, as its authors use them: the golden
+//! files of its samples (a new and a ready Greeting, a wrong spec giving one clear error
+//! line) and of its CRD.
 //!
-//! Regenerate the golden files with `CAPSTAN_UPDATE_GOLDEN=1`.
+//! Regenerate the samples' golden files with `capstan test --update plugins/greeting-ts`,
+//! the CRD's with `CAPSTAN_UPDATE_GOLDEN=1`.
 
 mod common;
 
@@ -10,23 +12,16 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::sync::OnceLock;
 
-use common::{assert_golden, capstan, mask, root, test_plugin};
+use common::{assert_golden, capstan, root, test_plugin};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::Value;
 
-/// The plugin's sample manifests.
-fn sample(name: &str) -> String {
-    root()
-        .join("plugins/greeting-ts/samples")
-        .join(name)
-        .display()
-        .to_string()
-}
-
 /// `capstan <command> <args> --cache-dir …`: compiling the 12 MB component takes seconds,
 /// so the first call here fills a compile cache and every later one loads from it.
+/// The compile cache the first call fills.
+static CACHE: OnceLock<PathBuf> = OnceLock::new();
+
 fn capstan_cached(command: &str, args: &[&str]) -> Output {
-    static CACHE: OnceLock<PathBuf> = OnceLock::new();
     let wasm = test_plugin("greeting-ts");
     let cache = CACHE.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("greeting-ts-cache");
@@ -58,47 +53,43 @@ fn yaml(out: &Output) -> Value {
     serde_yaml_ng::from_slice(&out.stdout).unwrap()
 }
 
+/// The example's golden tests are `capstan test plugins/greeting-ts`, as an author runs
+/// them: its samples (a new Greeting, one whose ConfigMap exists, a wrong spec) against
+/// their golden files. What each golden file must say is checked here too, so that a
+/// wrong one accepted by `--update` cannot pass.
 #[test]
-fn a_new_greeting_matches_the_golden_file() {
-    let mut value = yaml(&capstan_cached(
-        "render",
-        &["--parent", &sample("greeting.yaml")],
-    ));
-    assert_eq!(value["status"]["phase"], "Pending");
-    assert_eq!(value["requeueAfter"], "5s");
-    mask(&mut value);
-    assert_golden(
-        "greeting-ts-new",
-        &serde_yaml_ng::to_string(&value).unwrap(),
+fn capstan_test_passes_on_the_example_and_its_golden_files_say_what_they_should() {
+    let cache = capstan_cached("inspect", &[]);
+    assert!(cache.status.success(), "{}", stderr(&cache));
+    let project = root().join("plugins/greeting-ts");
+    let out = capstan(&[
+        "test",
+        project.to_str().unwrap(),
+        "--cache-dir",
+        CACHE.get().unwrap().to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", stderr(&out));
+    assert!(
+        said.contains("3 samples: all match their golden files"),
+        "{said}"
     );
-}
 
-#[test]
-fn a_greeting_with_its_config_map_observed_matches_the_golden_file() {
-    let mut value = yaml(&capstan_cached(
-        "render",
-        &[
-            "--parent",
-            &sample("greeting.yaml"),
-            "--observed",
-            &sample("observed.yaml"),
-        ],
-    ));
-    assert_eq!(value["status"]["phase"], "Ready");
-    mask(&mut value);
-    assert_golden(
-        "greeting-ts-ready",
-        &serde_yaml_ng::to_string(&value).unwrap(),
-    );
-}
-
-#[test]
-fn a_wrong_spec_is_one_clear_line() {
-    let out = capstan_cached("render", &["--parent", &sample("invalid.yaml")]);
-    assert!(!out.status.success());
+    let golden = |name: &str| -> Value {
+        let path = project.join(format!("samples/{name}.golden.yaml"));
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    };
+    let new = golden("greeting");
+    assert_eq!(new["status"]["phase"], "Pending");
+    assert_eq!(new["requeueAfter"], "5s");
     assert_eq!(
-        stderr(&out),
-        "capstan: reconcile failed: invalid spec: spec.message: a non-empty string is required\n"
+        new["children"][0]["data"]["greeting.txt"],
+        "Hello, Alice!\nHello, Bob!\n"
+    );
+    assert_eq!(golden("ready")["status"]["phase"], "Ready");
+    assert_eq!(
+        golden("invalid")["error"],
+        "reconcile failed: invalid spec: spec.message: a non-empty string is required"
     );
 }
 

@@ -4,8 +4,13 @@
 //! In `samples/`, each `NAME.yaml` is a parent; beside it, `NAME.golden.yaml` is what it
 //! renders to (the children, status, conditions and events `capstan render` prints, or
 //! `error: …` when the plugin refuses it), and optionally `NAME.observed.yaml` (children
-//! that exist) and `NAME.related.yaml` (related objects that exist). Rendering uses a
-//! fixed clock, [`CLOCK`], so that the conditions' times do not change from run to run.
+//! that exist), `NAME.related.yaml` (related objects that exist) and `NAME.old.yaml`
+//! (the parent before an update). Rendering uses a fixed clock, [`CLOCK`], so that the
+//! conditions' times do not change from run to run.
+//!
+//! A plugin that validates (admission) gets its verdict in the golden file too, under
+//! `admission`: `validate(old, new)` of the sample — a create without `NAME.old.yaml`,
+//! an update from it — either `allowed` (with its warnings) or `refused` (the message).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -20,7 +25,12 @@ use crate::render;
 pub const CLOCK: &str = "1970-01-01T00:00:00Z";
 
 /// The file name endings that are not parents.
-const COMPANIONS: [&str; 3] = [".golden.yaml", ".observed.yaml", ".related.yaml"];
+const COMPANIONS: [&str; 4] = [
+    ".golden.yaml",
+    ".observed.yaml",
+    ".related.yaml",
+    ".old.yaml",
+];
 
 /// One sample parent and its companions.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +45,8 @@ pub struct Sample {
     pub observed: Option<PathBuf>,
     /// `NAME.related.yaml`, if it exists.
     pub related: Option<PathBuf>,
+    /// `NAME.old.yaml`, if it exists.
+    pub old: Option<PathBuf>,
 }
 
 /// The samples of a directory, by name.
@@ -57,6 +69,7 @@ pub fn find(dir: &Path) -> Result<Vec<Sample>> {
             golden: companion(".golden.yaml"),
             observed: existing(companion(".observed.yaml")),
             related: existing(companion(".related.yaml")),
+            old: existing(companion(".old.yaml")),
             parent: path,
             name,
         });
@@ -83,12 +96,38 @@ pub fn render_sample(plugin: &Plugin, sample: &Sample) -> Result<String> {
         let rendered = render::render(plugin, &observed, CLOCK)?;
         Ok(serde_json::to_value(&rendered)?)
     })();
-    let value = match rendered {
+    let mut value = match rendered {
         Ok(value) => value,
         // A refusal is an outcome to pin down like any other.
         Err(e) => json!({ "error": crate::one_line(&e) }),
     };
+    if plugin.info().validation.is_some() {
+        value["admission"] = admission(plugin, sample)?;
+    }
     Ok(serde_yaml_ng::to_string(&value)?)
+}
+
+/// `validate(old, new)` of a sample: `{allowed: true, warnings: [...]}` or
+/// `{allowed: false, refused: "..."}`.
+fn admission(plugin: &Plugin, sample: &Sample) -> Result<Value> {
+    let one = |path: &Path| -> Result<Value> {
+        let mut objects = render::read_objects(path)?;
+        anyhow::ensure!(
+            objects.len() == 1,
+            "{}: expected exactly one object, found {}",
+            path.display(),
+            objects.len()
+        );
+        Ok(objects.remove(0))
+    };
+    let new = one(&sample.parent)?;
+    let old = sample.old.as_deref().map(one).transpose()?;
+    let verdict = match plugin.validate_blocking(old.as_ref(), &new) {
+        Ok(Ok(warnings)) => json!({ "allowed": true, "warnings": warnings }),
+        Ok(Err(refusal)) => json!({ "allowed": false, "refused": refusal }),
+        Err(e) => json!({ "error": crate::one_line(&anyhow::Error::from(e)) }),
+    };
+    Ok(verdict)
 }
 
 /// How a rendered sample compares with its golden file.
@@ -153,6 +192,7 @@ mod tests {
             "a.golden.yaml",
             "a.observed.yaml",
             "b.related.yaml",
+            "b.old.yaml",
             "notes.txt",
         ] {
             std::fs::write(dir.path().join(f), "").unwrap();
@@ -166,6 +206,8 @@ mod tests {
         );
         assert_eq!(samples[0].related, None);
         assert_eq!(samples[1].related, Some(dir.path().join("b.related.yaml")));
+        assert_eq!(samples[1].old, Some(dir.path().join("b.old.yaml")));
+        assert_eq!(samples[0].old, None);
         assert_eq!(samples[1].golden, dir.path().join("b.golden.yaml"));
 
         let empty = tempfile::tempdir().unwrap();
