@@ -628,18 +628,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             sandbox,
         } => {
             let plugin = sandbox.load(&plugin)?;
-            let read = |path: &Path| -> Result<serde_json::Value> {
-                let mut objects = render::read_objects(path)?;
-                anyhow::ensure!(
-                    objects.len() == 1,
-                    "{}: expected exactly one object, found {}",
-                    path.display(),
-                    objects.len()
-                );
-                Ok(objects.remove(0))
-            };
-            let old = old.as_deref().map(read).transpose()?;
-            let new = read(&new)?;
+            let old = old.as_deref().map(render::read_one).transpose()?;
+            let new = render::read_one(&new)?;
             anyhow::ensure!(
                 plugin.info().validation.is_some(),
                 "plugin {} does not validate (it does not declare validation)",
@@ -661,14 +651,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             sandbox,
         } => {
             let plugin = sandbox.load(&plugin)?;
-            let mut objects = render::read_objects(&object)?;
-            anyhow::ensure!(
-                objects.len() == 1,
-                "{}: expected exactly one object, found {}",
-                object.display(),
-                objects.len()
-            );
-            let converted = capstan::convert::convert(&plugin, objects.remove(0), &to)?;
+            let converted = capstan::convert::convert(&plugin, render::read_one(&object)?, &to)?;
             print!("{}", serde_yaml_ng::to_string(&converted)?);
         }
         Command::Rbac {

@@ -159,19 +159,13 @@ pub fn read_observed(
     parent_path: &Path,
     observed_path: Option<&Path>,
 ) -> Result<Observed, RenderError> {
-    let mut parents = read_objects(parent_path)?;
+    let parent = read_one(parent_path)?;
     let name = parent_path.display().to_string();
-    if parents.len() != 1 {
-        return Err(RenderError::Input {
-            path: name,
-            reason: format!("expected exactly one object, found {}", parents.len()),
-        });
-    }
     let children = match observed_path {
         Some(path) => read_objects(path)?,
         None => Vec::new(),
     };
-    let mut observed = observed_for(plugin, parents.remove(0), &name, Vec::new())?;
+    let mut observed = observed_for(plugin, parent, &name, Vec::new())?;
     if let Some(path) = observed_path {
         observed.children = observed_children(plugin.info(), children, path)?;
     }
@@ -321,6 +315,18 @@ pub fn read_objects(path: &Path) -> Result<Vec<Value>, RenderError> {
         source,
     })?;
     parse_objects(&text).map_err(|reason| RenderError::Input { path: name, reason })
+}
+
+/// Reads a file that must hold exactly one object.
+pub fn read_one(path: &Path) -> Result<Value, RenderError> {
+    let mut objects = read_objects(path)?;
+    if objects.len() != 1 {
+        return Err(RenderError::Input {
+            path: path.display().to_string(),
+            reason: format!("expected exactly one object, found {}", objects.len()),
+        });
+    }
+    Ok(objects.remove(0))
 }
 
 /// Parses a multi-document YAML text into JSON objects.

@@ -110,18 +110,8 @@ pub fn render_sample(plugin: &Plugin, sample: &Sample) -> Result<String> {
 /// `validate(old, new)` of a sample: `{allowed: true, warnings: [...]}` or
 /// `{allowed: false, refused: "..."}`.
 fn admission(plugin: &Plugin, sample: &Sample) -> Result<Value> {
-    let one = |path: &Path| -> Result<Value> {
-        let mut objects = render::read_objects(path)?;
-        anyhow::ensure!(
-            objects.len() == 1,
-            "{}: expected exactly one object, found {}",
-            path.display(),
-            objects.len()
-        );
-        Ok(objects.remove(0))
-    };
-    let new = one(&sample.parent)?;
-    let old = sample.old.as_deref().map(one).transpose()?;
+    let new = render::read_one(&sample.parent)?;
+    let old = sample.old.as_deref().map(render::read_one).transpose()?;
     let verdict = match plugin.validate_blocking(old.as_ref(), &new) {
         Ok(Ok(warnings)) => json!({ "allowed": true, "warnings": warnings }),
         Ok(Err(refusal)) => json!({ "allowed": false, "refused": refusal }),
