@@ -60,13 +60,16 @@ pub fn cargo_component() -> Result<PathBuf> {
         &dir,
         &format!("cargo-component {CARGO_COMPONENT_VERSION} (several minutes)"),
         |dir| {
-            // Without its release profile's fat LTO and single codegen unit (the
-            // environment's profile overrides the package's): the tool builds a
-            // component in about a second either way, and its install was the longest
-            // single step of a cold CI run (10m28s on two cores, 6m19s without).
+            // Without its release profile's fat LTO and single codegen unit, and
+            // optimized lightly (the environment's profile overrides the package's):
+            // the tool only drives cargo and encodes a component, in about a second
+            // either way, and its install is the longest single step of a cold CI run
+            // (10m28s on two idle cores with the package's profile, 6m19s without LTO,
+            // 23m41s beside the Go builds of a cold run).
             run(Command::new("cargo")
                 .env("CARGO_PROFILE_RELEASE_LTO", "false")
                 .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
+                .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "1")
                 .args([
                     "install",
                     "cargo-component",

@@ -43,8 +43,7 @@ pub fn build_contract_0_1(out: &Path) -> Result<()> {
         extract(&src)?;
         std::fs::write(&stamp, CONTRACT_0_1_COMMIT)?;
     }
-    let status = cargo()
-        .args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])
+    let status = fixture_build()
         .args(PLUGINS.iter().flat_map(|(p, _)| ["--package", p]))
         .env("CARGO_TARGET_DIR", dir.join("target"))
         .current_dir(&src)
@@ -161,13 +160,27 @@ pub fn build_widget_rebuilt(out: &Path) -> Result<()> {
     )
 }
 
+/// `cargo build --profile plugin --target wasm32-wasip2` for a test fixture built in a
+/// target directory of its own: optimized lightly, without LTO and in parallel codegen
+/// units (the environment overrides the workspace's `plugin` profile), since such a
+/// directory compiles every dependency once more. A fixture has to behave like the
+/// plugin, not to be small or fast; on a cold two-core machine the two fixture
+/// directories took 10 minutes with the shipped plugins' profile.
+fn fixture_build() -> Command {
+    let mut cmd = cargo();
+    cmd.args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])
+        .env("CARGO_PROFILE_PLUGIN_OPT_LEVEL", "1")
+        .env("CARGO_PROFILE_PLUGIN_LTO", "false")
+        .env("CARGO_PROFILE_PLUGIN_CODEGEN_UNITS", "16");
+    cmd
+}
+
 /// Builds `package` with the variable `name` set to `value`, into `to`. In a target directory of
 /// its own (`target/variants`), so that the package's ordinary build is not rebuilt back
 /// and forth with and without the variable.
 fn build_variant(package: &str, (name, value): (&str, &str), to: &Path) -> Result<()> {
     let dir = target_dir().join("variants");
-    let status = cargo()
-        .args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])
+    let status = fixture_build()
         .args(["--package", package])
         .env("CARGO_TARGET_DIR", &dir)
         .env(name, value)
