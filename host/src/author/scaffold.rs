@@ -97,6 +97,11 @@ fn names(options: &NewOptions) -> Result<Names> {
     if ["capstan", "capstan_sdk", "app", "test", "tests", "crd"].contains(&ident.as_str()) {
         bail!("invalid name {name:?}: it is taken by the SDK or the project's own files");
     }
+    // A keyword is no crate name (cargo refuses it) and no module one (`from class
+    // import …` does not parse).
+    if KEYWORDS.contains(&ident.as_str()) {
+        bail!("invalid name {name:?}: it is a Rust or Python keyword");
+    }
     let kind = match &options.kind {
         Some(kind) => kind.clone(),
         None => name
@@ -153,6 +158,19 @@ fn names(options: &NewOptions) -> Result<Names> {
         kind,
     })
 }
+
+/// The Rust and Python keywords a lower-case name can spell.
+const KEYWORDS: &[&str] = &[
+    // Rust (strict and reserved).
+    "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum", "extern",
+    "false", "fn", "for", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub",
+    "ref", "return", "self", "static", "struct", "super", "trait", "true", "type", "unsafe", "use",
+    "where", "while", "abstract", "become", "box", "do", "final", "gen", "macro", "override",
+    "priv", "try", "typeof", "unsized", "virtual", "yield",
+    // Python (those not above).
+    "and", "assert", "class", "def", "del", "elif", "except", "finally", "from", "global", "import",
+    "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "with",
+];
 
 /// `v1`, `v2beta1`, `v1alpha3`: what Kubernetes accepts as a version it can order.
 fn is_api_version(v: &str) -> bool {
@@ -662,6 +680,8 @@ mod tests {
         bad(options("my_app", Language::Rust), "invalid name");
         bad(options("app", Language::Python), "taken");
         bad(options("capstan", Language::Rust), "taken");
+        bad(options("class", Language::Python), "keyword");
+        bad(options("self", Language::Rust), "keyword");
         bad(
             NewOptions {
                 kind: Some("banner".into()),

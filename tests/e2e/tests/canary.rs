@@ -87,6 +87,15 @@ async fn a_failing_canary_is_rolled_back_and_a_healthy_one_is_promoted() {
     })
     .await
     .unwrap_or_else(|e| fail(e));
+    // The parents the candidate served: those whose reconcile failed with its answer
+    // (a child in another namespace, `-elsewhere`; every answer of the broken build is
+    // one), as the host logged them. Each must be told, whether the candidate served it
+    // once or, retried, several times before the rollback.
+    let served = served_by_the_candidate(&op.log());
+    assert!(
+        !served.is_empty(),
+        "the log names no parent the candidate served"
+    );
     let told = wait_for("the parents it served told", T, || async {
         let mut told = Vec::new();
         for name in &names {
@@ -97,7 +106,7 @@ async fn a_failing_canary_is_rolled_back_and_a_healthy_one_is_promoted() {
                 told.push(name.clone());
             }
         }
-        Ok((told.len() >= 3).then_some(told))
+        Ok(served.iter().all(|s| told.contains(s)).then_some(told))
     })
     .await
     .unwrap_or_else(|e| fail(e));
@@ -143,4 +152,19 @@ async fn a_failing_canary_is_rolled_back_and_a_healthy_one_is_promoted() {
         1,
         "no second rollback"
     );
+}
+
+/// The Widgets whose reconcile failed with the broken candidate's answer, from the
+/// host's log: `reconcile{plugin=widget name="w-02" …}: … reconcile failed: … "w-02-elsewhere"`.
+fn served_by_the_candidate(log: &str) -> std::collections::BTreeSet<String> {
+    log.lines()
+        .filter(|l| {
+            l.contains("capstan::operator::reconcile: reconcile failed") && l.contains("-elsewhere")
+        })
+        .filter_map(|l| {
+            let start = l.find("name=\"")? + "name=\"".len();
+            let end = start + l[start..].find('"')?;
+            Some(l[start..end].to_string())
+        })
+        .collect()
 }
