@@ -60,20 +60,18 @@ pub fn cargo_component() -> Result<PathBuf> {
         &dir,
         &format!("cargo-component {CARGO_COMPONENT_VERSION} (several minutes)"),
         |dir| {
-            // Without its release profile's fat LTO and single codegen unit, and
-            // optimized lightly (the environment's profile overrides the package's):
-            // the tool only drives cargo and encodes a component, in about a second
-            // either way, and its install is the longest single step of a cold CI run
-            // (10m28s on two idle cores with the package's profile, 6m19s without LTO,
-            // 23m41s beside the Go builds of a cold run).
+            // A debug build without debug info (`--debug`, the environment overriding
+            // the dev profile): the tool only drives cargo and encodes a component, in
+            // about a second either way, and its install is the longest single step of
+            // a cold CI run. Two idle cores: 10m28s with the package's release profile,
+            // 6m19s without its LTO, 5m20s at opt-level 1, FIXME in debug.
             run(Command::new("cargo")
-                .env("CARGO_PROFILE_RELEASE_LTO", "false")
-                .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
-                .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "1")
+                .env("CARGO_PROFILE_DEV_DEBUG", "false")
                 .args([
                     "install",
                     "cargo-component",
                     "--locked",
+                    "--debug",
                     "--version",
                     CARGO_COMPONENT_VERSION,
                     "--root",

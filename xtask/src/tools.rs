@@ -16,15 +16,25 @@ pub fn ensure_wasm_targets() -> Result<()> {
 
 /// Builds the Uuid plugin the way `cargo component build` users do (its default
 /// target, wasm32-wasip1 plus the preview-2 adapter), and returns the component's path.
+/// The tests use it as "another version" of the shipped Uuid plugin: other bytes, the
+/// same behaviour. Its release profile is lightened (opt-level 1, no LTO, parallel
+/// codegen units) as the other test fixtures are, since its wasm32-wasip1 dependencies
+/// are compiled for it alone.
 pub fn build_with_cargo_component() -> Result<PathBuf> {
     let bin = capstan_toolchain::rust::cargo_component()?;
-    run_cmd(Command::new(&bin).args([
-        "component",
-        "build",
-        "--release",
-        "--package",
-        "capstan-plugin-uuid",
-    ]))?;
+    run_cmd(
+        Command::new(&bin)
+            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "1")
+            .env("CARGO_PROFILE_RELEASE_LTO", "false")
+            .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
+            .args([
+                "component",
+                "build",
+                "--release",
+                "--package",
+                "capstan-plugin-uuid",
+            ]),
+    )?;
     let out = target_dir().join("wasm32-wasip1/release/capstan_plugin_uuid.wasm");
     anyhow::ensure!(
         out.exists(),
