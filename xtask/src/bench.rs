@@ -17,7 +17,10 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{BuiltPlugins, build_host, build_plugins, build_release, cluster, run_cmd, target_dir};
+use crate::{
+    BuiltPlugins, TestPlugins, build_host, build_plugins, build_release, cluster, run_cmd,
+    target_dir,
+};
 
 const USAGE: &str = "usage: cargo xtask bench [--quick] [-- DRIVER-ARGS…]
 
@@ -40,7 +43,7 @@ pub fn main(args: &[String]) -> Result<()> {
     // stop the cluster.
     ctrlc::set_handler(|| eprintln!("bench: interrupted; stopping"))
         .context("install Ctrl-C handler")?;
-    let built = build_plugins()?;
+    let built = build_plugins(TestPlugins::Shipped)?;
     let bins = if quick {
         Binaries::debug()?
     } else {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{build_host, build_plugins, cluster, root, target_dir};
+use crate::{TestPlugins, build_host, build_plugins, cluster, root, target_dir};
 
 /// Where the demo's capstan serves its endpoints.
 const METRICS_ADDR: &str = "127.0.0.1:18080";
@@ -28,7 +28,7 @@ pub fn main(args: &[String]) -> Result<()> {
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
         .context("install Ctrl-C handler")?;
 
-    let built = build_plugins()?;
+    let built = build_plugins(TestPlugins::None)?;
     build_host()?;
     // A real node where the machine allows it (`cluster up` says in one line why not).
     let cluster = cluster::up(&cluster::UpOptions::default())?;

@@ -1,17 +1,51 @@
-//! The shipped plugins as they were built for contract 0.1.0, for the tests that prove
-//! the host still runs them unchanged. They are built from the project's own history
-//! (the last commit that shipped 0.1.0), never checked in as binaries: `git archive`
-//! extracts the SDK, the plugins, the WIT and the CRDs of that commit into the target
-//! directory, and they build there in a workspace of their own, with a target directory
-//! of their own (their packages have the names of today's, whose artifacts they would
-//! overwrite in a shared one).
+//! Test fixtures: the plugins only tests use, built in one target directory of their own
+//! (`target/fixtures`) with a light profile ([`fixture_build`]), so that their wasm
+//! dependencies (k8s-openapi above all) are compiled once for all of them:
+//!
+//! - the test plugins (Widget, Guard, Stall, …);
+//! - variants of a plugin built with a variable set (a PostgreSQL plugin naming its
+//!   images from a mirror, a broken and a rebuilt Widget);
+//! - the shipped plugins as they were built for contract 0.1.0, for the tests that prove
+//!   the host still runs them unchanged. They are built from the project's own history
+//!   (the last commit that shipped 0.1.0), never checked in as binaries: `git archive`
+//!   extracts the SDK, the plugins, the WIT and the CRDs of that commit into
+//!   `target/contract-0.1.0/src`, and they build there in a workspace of their own.
+//!
+//! Several of these have the same package name (today's PostgreSQL plugin and 0.1.0's,
+//! the Widget and its variants), so cargo's output file of one is overwritten by the
+//! next: each build is copied to its stable name right after it, one after the other.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, root, target_dir};
+use crate::{cargo, copy_built, root, target_dir};
+
+/// The target directory of every fixture.
+fn dir() -> PathBuf {
+    target_dir().join("fixtures")
+}
+
+/// Where cargo leaves the fixtures' wasm files.
+fn out_dir() -> PathBuf {
+    dir().join("wasm32-wasip2/plugin")
+}
+
+/// Builds the test plugins `packages` (package, file name) into `out`
+/// (target/test-plugins).
+pub fn build_test_plugins(packages: &[(&str, &str)], out: &Path) -> Result<()> {
+    let status = fixture_build()
+        .args(packages.iter().flat_map(|(p, _)| ["--package", p]))
+        .env("CARGO_TARGET_DIR", dir())
+        .current_dir(root())
+        .status()
+        .context("cannot start cargo for the test plugins")?;
+    if !status.success() {
+        bail!("building the test plugins failed ({status})");
+    }
+    copy_built(&out_dir(), packages, out)
+}
 
 /// The last commit whose plugins were built for `capstan:plugin@0.1.0`.
 pub const CONTRACT_0_1_COMMIT: &str = "0c783e060711234ff12d921649b67e51509bcba7";
@@ -36,8 +70,7 @@ const PLUGINS: &[(&str, &str)] = &[
 
 /// Builds the 0.1.0 plugins into `out/contract-0.1.0/` (`out` is target/test-plugins).
 pub fn build_contract_0_1(out: &Path) -> Result<()> {
-    let dir = target_dir().join("contract-0.1.0");
-    let src = dir.join("src");
+    let src = target_dir().join("contract-0.1.0/src");
     let stamp = src.join(".commit");
     if std::fs::read_to_string(&stamp).ok().as_deref() != Some(CONTRACT_0_1_COMMIT) {
         extract(&src)?;
@@ -45,7 +78,7 @@ pub fn build_contract_0_1(out: &Path) -> Result<()> {
     }
     let status = fixture_build()
         .args(PLUGINS.iter().flat_map(|(p, _)| ["--package", p]))
-        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .env("CARGO_TARGET_DIR", dir())
         .current_dir(&src)
         .status()
         .context("cannot start cargo for the contract 0.1.0 plugins")?;
@@ -55,13 +88,8 @@ pub fn build_contract_0_1(out: &Path) -> Result<()> {
             src.display()
         );
     }
-    let built = dir.join("target/wasm32-wasip2/plugin");
     let to = out.join("contract-0.1.0");
-    std::fs::create_dir_all(&to)?;
-    for (package, file) in PLUGINS {
-        let from = built.join(format!("{}.wasm", package.replace('-', "_")));
-        std::fs::copy(&from, to.join(file)).with_context(|| format!("copy {}", from.display()))?;
-    }
+    copy_built(&out_dir(), PLUGINS, &to)?;
     println!("contract 0.1.0 plugins: {}", to.display());
     Ok(())
 }
@@ -160,12 +188,12 @@ pub fn build_widget_rebuilt(out: &Path) -> Result<()> {
     )
 }
 
-/// `cargo build --profile plugin --target wasm32-wasip2` for a test fixture built in a
-/// target directory of its own: optimized lightly, without LTO and in parallel codegen
-/// units (the environment overrides the workspace's `plugin` profile), since such a
-/// directory compiles every dependency once more. A fixture has to behave like the
-/// plugin, not to be small or fast; on a cold two-core machine the two fixture
-/// directories took 10 minutes with the shipped plugins' profile.
+/// `cargo build --profile plugin --target wasm32-wasip2` for a test fixture: optimized
+/// lightly, without LTO and in parallel codegen units (the environment overrides the
+/// workspace's `plugin` profile), since the fixtures' directory compiles every dependency
+/// once more. A fixture has to behave like the plugin, not to be small or fast; on a
+/// cold two-core machine two fixture directories took 10 minutes with the shipped
+/// plugins' profile.
 fn fixture_build() -> Command {
     let mut cmd = cargo();
     cmd.args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])
@@ -175,14 +203,11 @@ fn fixture_build() -> Command {
     cmd
 }
 
-/// Builds `package` with the variable `name` set to `value`, into `to`. In a target directory of
-/// its own (`target/variants`), so that the package's ordinary build is not rebuilt back
-/// and forth with and without the variable.
+/// Builds `package` with the variable `name` set to `value`, into `to`.
 fn build_variant(package: &str, (name, value): (&str, &str), to: &Path) -> Result<()> {
-    let dir = target_dir().join("variants");
     let status = fixture_build()
         .args(["--package", package])
-        .env("CARGO_TARGET_DIR", &dir)
+        .env("CARGO_TARGET_DIR", dir())
         .env(name, value)
         .current_dir(root())
         .status()
@@ -190,10 +215,7 @@ fn build_variant(package: &str, (name, value): (&str, &str), to: &Path) -> Resul
     if !status.success() {
         bail!("building {package} with {name}={value} failed ({status})");
     }
-    let from = dir.join(format!(
-        "wasm32-wasip2/plugin/{}.wasm",
-        package.replace('-', "_")
-    ));
+    let from = out_dir().join(format!("{}.wasm", package.replace('-', "_")));
     std::fs::copy(&from, to).with_context(|| format!("copy {}", from.display()))?;
     Ok(())
 }

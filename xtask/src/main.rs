@@ -69,8 +69,8 @@ fn run(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("cluster") => cluster::main(&args[1..]),
         Some("plugins") => match &args[1..] {
-            [] => build_plugins().map(drop),
-            [flag] if flag == "--shipped" => build_selected_plugins(false).map(drop),
+            [] => build_plugins(TestPlugins::Fixtures).map(drop),
+            [flag] if flag == "--shipped" => build_plugins(TestPlugins::None).map(drop),
             _ => bail!("usage: cargo xtask plugins [--shipped]"),
         },
         Some("test") => test(&args[1..]),
@@ -127,38 +127,44 @@ pub struct BuiltPlugins {
     pub test_plugins: PathBuf,
 }
 
-/// Builds every plugin (Rust, Python, TypeScript) and copies them to stable names.
-pub fn build_plugins() -> Result<BuiltPlugins> {
-    build_selected_plugins(true)
+/// Whether and how the plugins only tests and benchmarks use are built.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum TestPlugins {
+    /// Not built: the shipped plugins only (the demo, `cargo xtask plugins --shipped`).
+    None,
+    /// As test fixtures (`fixtures::fixture_build`): lightly optimized, in the fixtures'
+    /// own target directory, beside the other fixtures. Tests check what a plugin does,
+    /// not how small or fast it is.
+    Fixtures,
+    /// With the shipped plugins' profile: the benchmarks measure the Widget plugin.
+    Shipped,
 }
 
-/// Builds the shipped plugins, and the test plugins too if `tests`.
-pub fn build_selected_plugins(tests: bool) -> Result<BuiltPlugins> {
+/// Builds every plugin (Rust, Python, TypeScript) and copies them to stable names.
+pub fn build_plugins(tests: TestPlugins) -> Result<BuiltPlugins> {
     tools::ensure_wasm_targets()?;
-    let mut cmd = cargo();
-    cmd.args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"]);
-    let test_plugins = if tests { TEST_PLUGINS } else { &[] };
-    for (package, _) in PLUGINS.iter().chain(test_plugins) {
-        cmd.args(["--package", package]);
-    }
-    run_cmd(&mut cmd)?;
-    let out = target_dir().join("wasm32-wasip2/plugin");
     let built = BuiltPlugins {
         plugins: target_dir().join("plugins"),
         test_plugins: target_dir().join("test-plugins"),
     };
-    for (list, dir) in [
-        (PLUGINS, &built.plugins),
-        (test_plugins, &built.test_plugins),
-    ] {
-        std::fs::create_dir_all(dir)?;
-        for (package, file) in list {
-            let from = out.join(format!("{}.wasm", package.replace('-', "_")));
-            std::fs::copy(&from, dir.join(file))
-                .with_context(|| format!("copy {}", from.display()))?;
-        }
+    let mut cmd = cargo();
+    cmd.args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"]);
+    let with_shipped = match tests {
+        TestPlugins::Shipped => TEST_PLUGINS,
+        TestPlugins::None | TestPlugins::Fixtures => &[],
+    };
+    for (package, _) in PLUGINS.iter().chain(with_shipped) {
+        cmd.args(["--package", package]);
     }
-    if tests {
+    run_cmd(&mut cmd)?;
+    let out = target_dir().join("wasm32-wasip2/plugin");
+    copy_built(&out, PLUGINS, &built.plugins)?;
+    copy_built(&out, with_shipped, &built.test_plugins)?;
+    if tests != TestPlugins::None {
+        std::fs::create_dir_all(&built.test_plugins)?;
+        if tests == TestPlugins::Fixtures {
+            fixtures::build_test_plugins(TEST_PLUGINS, &built.test_plugins)?;
+        }
         // The shipped plugins as built for contract 0.1.0, which the host still runs.
         fixtures::build_contract_0_1(&built.test_plugins)?;
         // The PostgreSQL plugin with its images from a mirror (`capstan plan`'s tests).
@@ -169,12 +175,27 @@ pub fn build_selected_plugins(tests: bool) -> Result<BuiltPlugins> {
         fixtures::build_widget_rebuilt(&built.test_plugins)?;
     }
     python::build_plugins(&built.plugins)?;
-    if tests {
+    if tests != TestPlugins::None {
         // The TypeScript example is a starting point to copy, not a shipped plugin.
         js::build_plugins(&built.test_plugins)?;
     }
     println!("plugins: {}", built.plugins.display());
     Ok(built)
+}
+
+/// Copies the built `packages` (package, file name) from cargo's output directory `from`
+/// to their stable names in `to`.
+pub fn copy_built(from: &Path, packages: &[(&str, &str)], to: &Path) -> Result<()> {
+    if packages.is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(to)?;
+    for (package, file) in packages {
+        let built = from.join(format!("{}.wasm", package.replace('-', "_")));
+        std::fs::copy(&built, to.join(file))
+            .with_context(|| format!("copy {}", built.display()))?;
+    }
+    Ok(())
 }
 
 /// Builds the `capstan` binary together with every test, through `cargo test --no-run`:
@@ -219,7 +240,7 @@ fn test(args: &[String]) -> Result<()> {
         Ok(())
     });
     let rust = (|| -> Result<_> {
-        let built = build_plugins()?;
+        let built = build_plugins(TestPlugins::Fixtures)?;
         python::unit_tests()?;
         js::test()?;
         let component_plugin = tools::build_with_cargo_component()?;

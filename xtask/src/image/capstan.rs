@@ -19,7 +19,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 use super::{fresh_dir, images_dir, in_root, make_dir, run_isolated, write_file};
-use crate::{build_host, build_release, build_selected_plugins, oci, run_cmd, target_dir};
+use crate::{TestPlugins, build_host, build_plugins, build_release, oci, run_cmd, target_dir};
 
 /// What the image holds from the build: (path under the target directory, path in the
 /// image). A trailing `/` copies a directory's files.
@@ -84,7 +84,7 @@ pub fn build(host: Host) -> Result<oci::Image> {
         }
     }
     let binary = target_dir().join(host.binary());
-    let plugins = build_selected_plugins(false)?.plugins;
+    let plugins = build_plugins(TestPlugins::None)?.plugins;
     let compiled = target_dir().join("compiled");
     fresh_dir(&compiled)?;
     run_cmd(
