@@ -64,7 +64,7 @@ pub fn cargo_component() -> Result<PathBuf> {
             // the dev profile): the tool only drives cargo and encodes a component, in
             // about a second either way, and its install is the longest single step of
             // a cold CI run. Two idle cores: 10m28s with the package's release profile,
-            // 6m19s without its LTO, 5m20s at opt-level 1, FIXME in debug.
+            // 6m19s without its LTO, 5m20s at opt-level 1, 2m12s so.
             run(Command::new("cargo")
                 .env("CARGO_PROFILE_DEV_DEBUG", "false")
                 .args([
