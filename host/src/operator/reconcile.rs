@@ -270,7 +270,10 @@ pub enum Failure {
     /// `finalize` of a parent being deleted failed (the plugin said invalid or retry, or
     /// could not be called to the end). Nothing else would ever wake the parent up
     /// (its spec cannot change any more), so it is retried with backoff.
-    #[error("finalize failed: {0}")]
+    #[error(
+        "finalize failed: {0}; the deletion waits for it (annotate the parent \
+         capstan.dev/force-release-finalizer=true to let it go without its cleanup)"
+    )]
     FinalizeFailed(String),
     /// The plugin asked for a retry.
     #[error("{0}")]

@@ -1,7 +1,8 @@
 //! Contract 0.2.0 under `capstan run` on the real local control plane: a plugin that reads
 //! a user's ConfigMap and the Pods of its StatefulSet (related objects) is reconciled again
 //! when they change; a `customize` that asks for too much or for another namespace is
-//! refused; `finalize` tears down in waves; and a plugin built for 0.1.0 runs beside a
+//! refused (and a parent deleted then waits, FinalizeFailed, until the user lets it go
+//! without its cleanup); `finalize` tears down in waves; and a plugin built for 0.1.0 runs beside a
 //! 0.2.0 one in one host.
 
 use std::time::{Duration, Instant};
@@ -179,6 +180,66 @@ async fn a_customize_that_asks_for_too_much_or_another_namespace_is_refused_on_t
             !events_about(&client, &ns.name, name, "Warning", "InvalidPluginOutput")
                 .await
                 .is_empty()
+        );
+    }
+
+    // Deleting them: `finalize` needs what `customize` selects, so it cannot run, and the
+    // host holds the deletion (FinalizeFailed) rather than skip the plugin's cleanup,
+    // until the user lets each go without it.
+    for name in ["many", "escape"] {
+        api.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    for name in ["many", "escape"] {
+        let message = wait_for(
+            &format!("{name}: Ready=False FinalizeFailed"),
+            T,
+            || async {
+                let obj = api.get(name).await?;
+                Ok(ready_condition(&obj)
+                    .filter(|c| c.0 == "False" && c.1 == "FinalizeFailed")
+                    .map(|c| c.2))
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+        assert!(message.contains("customize"), "{message}");
+        assert!(
+            message.contains("capstan.dev/force-release-finalizer=true"),
+            "the condition says how to let it go: {message}"
+        );
+        assert!(
+            api.get(name)
+                .await
+                .unwrap()
+                .metadata
+                .deletion_timestamp
+                .is_some()
+        );
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "capstan.dev/force-release-finalizer": "true"
+            }}})),
+        )
+        .await
+        .unwrap();
+    }
+    wait_for("both to be gone once released", T, || async {
+        let mut gone = true;
+        for name in ["many", "escape"] {
+            gone &= api.get_opt(name).await?.is_none();
+        }
+        Ok(gone.then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", op.log_tail()));
+    for name in ["many", "escape"] {
+        assert!(
+            !events_about(&client, &ns.name, name, "Warning", "FinalizerForceReleased")
+                .await
+                .is_empty(),
+            "{name}: no FinalizerForceReleased event"
         );
     }
 }
