@@ -25,7 +25,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   demo [--once]            build everything, start a local cluster, run capstan with the
                            shipped plugins and show them at work (--once: exit after showing)
-  test                     every test: unit, render, control plane, end to end
+  test                     every test: unit, render, control plane, end to end, and
+                           clippy (-D warnings) beside them
   plugins [--shipped]      build the plugins (wasm32-wasip2) into target/plugins/ and the
                            test plugins into target/test-plugins/ (--shipped: only the
                            former, which needs no Node.js)
@@ -270,6 +271,19 @@ fn test(args: &[String]) -> Result<()> {
         let _ = cluster::down(&cluster.state_dir);
         return Err(err.context("build the images for the real node"));
     }
+    // The lints beside the tests: clippy only checks, the tests mostly wait on the
+    // cluster, and cargo does not hold the target directory while tests run.
+    let lints = std::thread::spawn(|| {
+        run_cmd(cargo().args([
+            "clippy",
+            "--quiet",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    });
     let result = run_cmd(
         cargo()
             .args(["test", "--workspace", "--no-fail-fast"])
@@ -296,9 +310,13 @@ fn test(args: &[String]) -> Result<()> {
     // Every benchmark path at small sizes: that each converges is checked, times are not.
     let benched = bench::quick(&cluster, &built);
     let stopped = cluster::down(&cluster.state_dir);
+    let lints = lints
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the thread of clippy panicked")));
     result?;
     benched?;
     stopped?;
+    lints.context("clippy -D warnings")?;
     let left = cluster::HostSnapshot::take(&cluster.state_dir)?.changes_since(&host_before);
     if !left.is_empty() {
         bail!(
