@@ -366,8 +366,11 @@ impl Drop for Operator {
 }
 
 impl Operator {
-    /// `kubectl delete --all --wait` of every kind this host serves, in its namespace;
-    /// failures are printed, not raised (the namespace's deletion reports what stays).
+    /// `kubectl delete --all` of every kind this host serves, in its namespace, then
+    /// waits (up to two minutes in all) until none is left; failures are printed, not
+    /// raised (the namespace's deletion reports what stays). The wait lists each kind
+    /// rather than `--wait`, which watches the deleted objects one after another (a
+    /// round trip each: minutes for the thousands of parents of the sharding tests).
     fn delete_parents(&self) {
         let Some(kubectl) = std::env::var_os("CAPSTAN_KUBECTL") else {
             return;
@@ -382,20 +385,21 @@ impl Operator {
                 .collect::<Vec<_>>(),
             _ => return,
         };
-        for kind in kinds {
-            let out = Command::new(&kubectl)
-                .args([
-                    "delete",
-                    "--all",
-                    "--wait",
-                    "--timeout=120s",
-                    "--ignore-not-found",
-                ])
-                .args(["-n", &self.namespace, &kind])
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .output();
-            match out {
+        let kubectl = |args: &[&str]| {
+            Command::new(&kubectl)
+                .args(args)
+                .args(["-n", &self.namespace])
+                .stdin(Stdio::null())
+                .output()
+        };
+        for kind in &kinds {
+            match kubectl(&[
+                "delete",
+                "--all",
+                "--wait=false",
+                "--ignore-not-found",
+                kind,
+            ]) {
                 Ok(out) if !out.status.success() => eprintln!(
                     "operator teardown: kubectl delete --all {kind} -n {}: {}",
                     self.namespace,
@@ -403,6 +407,39 @@ impl Operator {
                 ),
                 Err(e) => eprintln!("operator teardown: kubectl: {e}"),
                 Ok(_) => {}
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        for kind in &kinds {
+            loop {
+                let left = match kubectl(&["get", kind, "-o", "name"]) {
+                    Ok(out) if out.status.success() => {
+                        String::from_utf8_lossy(&out.stdout).lines().count()
+                    }
+                    Ok(out) => {
+                        eprintln!(
+                            "operator teardown: kubectl get {kind} -n {}: {}",
+                            self.namespace,
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        );
+                        break;
+                    }
+                    Err(e) => {
+                        eprintln!("operator teardown: kubectl: {e}");
+                        break;
+                    }
+                };
+                if left == 0 {
+                    break;
+                }
+                if std::time::Instant::now() >= deadline {
+                    eprintln!(
+                        "operator teardown: {left} {kind} in {} still there after 120 s",
+                        self.namespace
+                    );
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(250));
             }
         }
     }
