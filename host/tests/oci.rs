@@ -82,7 +82,9 @@ async fn a_pushed_plugin_is_pulled_by_digest_only_then_from_the_cache() {
 
     // The tag was only resolved (HEAD); everything fetched was fetched by digest, the
     // signature image included: no check-then-use window for a moved tag.
-    let requests = registry.requests_since(mark);
+    let layer = sha256_digest(&bytes);
+    let requests =
+        registry.requests_since_including(mark, &format!("GET /v2/plugins/uuid/blobs/{layer}"));
     let manifests: Vec<&String> = requests
         .iter()
         .filter(|r| r.contains("/manifests/"))
@@ -97,7 +99,6 @@ async fn a_pushed_plugin_is_pulled_by_digest_only_then_from_the_cache() {
             "a manifest fetched by tag: {request} in {requests:#?}"
         );
     }
-    let layer = sha256_digest(&bytes);
     assert!(
         requests.contains(&format!("GET /v2/plugins/uuid/blobs/{layer}")),
         "{requests:#?}"

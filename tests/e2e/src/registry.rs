@@ -91,6 +91,20 @@ impl Registry {
             .collect()
     }
 
+    /// [`Registry::requests_since`], once `request` is among them (or after 10 s
+    /// without it): the registry logs a request after answering it, so a client can be
+    /// done before its last requests are in the log.
+    pub fn requests_since_including(&self, mark: usize, request: &str) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let requests = self.requests_since(mark);
+            if requests.iter().any(|r| r == request) || Instant::now() >= deadline {
+                return requests;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Stops the registry now (a test of what happens without it).
     pub fn stop(&mut self) {
         let _ = self.child.kill();
