@@ -37,7 +37,6 @@ fn out_dir() -> PathBuf {
 pub fn build_test_plugins(packages: &[(&str, &str)], out: &Path) -> Result<()> {
     let status = fixture_build()
         .args(packages.iter().flat_map(|(p, _)| ["--package", p]))
-        .env("CARGO_TARGET_DIR", dir())
         .current_dir(root())
         .status()
         .context("cannot start cargo for the test plugins")?;
@@ -78,7 +77,6 @@ pub fn build_contract_0_1(out: &Path) -> Result<()> {
     }
     let status = fixture_build()
         .args(PLUGINS.iter().flat_map(|(p, _)| ["--package", p]))
-        .env("CARGO_TARGET_DIR", dir())
         .current_dir(&src)
         .status()
         .context("cannot start cargo for the contract 0.1.0 plugins")?;
@@ -188,7 +186,8 @@ pub fn build_widget_rebuilt(out: &Path) -> Result<()> {
     )
 }
 
-/// `cargo build --profile plugin --target wasm32-wasip2` for a test fixture: optimized
+/// `cargo build --profile plugin --target wasm32-wasip2` for a test fixture, in the
+/// fixtures' target directory ([`dir`]): optimized
 /// lightly, without LTO and in parallel codegen units (the environment overrides the
 /// workspace's `plugin` profile), since the fixtures' directory compiles every dependency
 /// once more. A fixture has to behave like the plugin, not to be small or fast; on a
@@ -197,6 +196,7 @@ pub fn build_widget_rebuilt(out: &Path) -> Result<()> {
 fn fixture_build() -> Command {
     let mut cmd = cargo();
     cmd.args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])
+        .env("CARGO_TARGET_DIR", dir())
         .env("CARGO_PROFILE_PLUGIN_OPT_LEVEL", "1")
         .env("CARGO_PROFILE_PLUGIN_LTO", "false")
         .env("CARGO_PROFILE_PLUGIN_CODEGEN_UNITS", "16");
@@ -207,7 +207,6 @@ fn fixture_build() -> Command {
 fn build_variant(package: &str, (name, value): (&str, &str), to: &Path) -> Result<()> {
     let status = fixture_build()
         .args(["--package", package])
-        .env("CARGO_TARGET_DIR", dir())
         .env(name, value)
         .current_dir(root())
         .status()
