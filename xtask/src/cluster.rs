@@ -394,6 +394,9 @@ pub fn restart(state_dir: &Path, component: &str, timeout: Duration) -> Result<(
     if !state.exists() {
         bail!("no cluster in {}", state_dir.display());
     }
+    // One restart at a time (two tests of one binary may restart the API server at
+    // once), each finding the component as the one before left it.
+    let _lock = state.lock_processes()?;
     let Some(old) = state
         .processes()?
         .into_iter()

@@ -157,9 +157,8 @@ impl RunningController {
                     tracing::warn!(kind = %kind_name, "watch of {kind_name} failed: {e}");
                     watch_metrics.watch_failed(&kind_name, None);
                 }),
-        )
-        .applied_objects()
-        .predicate_filter(spec_or_deletion, PredicateConfig::default());
+        );
+        let parents = parent_changes(parents);
 
         let children = ChildKinds::new(&info.children);
         let watches: Vec<KindWatch> = info
@@ -276,6 +275,46 @@ fn tokio_stream_of<T: Send + 'static>(
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
 }
 
+/// The parents to reconcile, from the parent watch's events once the reflector's store
+/// took them in: a new parent, a new generation, the start of a deletion
+/// ([`spec_or_deletion`]).
+///
+/// Not kube's `applied_objects`: it yields a re-list's objects as they arrive, while the
+/// store swaps them in only when the re-list ends. A reconcile the controller starts in
+/// between finds nothing in the store and is dropped (`ObjectNotFound`), and the
+/// predicate, having seen the object, never lets it through again: a parent created
+/// while the watch was down (an API server restart) was never reconciled. Here a
+/// re-list's objects are passed on when it ends, all at once.
+fn parent_changes<E>(
+    events: impl futures::Stream<Item = Result<watcher::Event<CachedParent>, E>> + Send,
+) -> impl futures::Stream<Item = Result<CachedParent, watcher::Error>> + Send
+where
+    E: Into<watcher::Error>,
+{
+    events
+        .scan(Vec::new(), |relisted, event| {
+            let stored: Vec<Result<CachedParent, watcher::Error>> = match event {
+                Ok(watcher::Event::Apply(o)) => vec![Ok(o)],
+                Ok(watcher::Event::Init) => {
+                    relisted.clear();
+                    Vec::new()
+                }
+                Ok(watcher::Event::InitApply(o)) => {
+                    relisted.push(o);
+                    Vec::new()
+                }
+                Ok(watcher::Event::InitDone) => {
+                    std::mem::take(relisted).into_iter().map(Ok).collect()
+                }
+                Ok(watcher::Event::Delete(_)) => Vec::new(),
+                Err(e) => vec![Err(e.into())],
+            };
+            std::future::ready(Some(futures::stream::iter(stored)))
+        })
+        .flatten()
+        .predicate_filter(spec_or_deletion, PredicateConfig::default())
+}
+
 /// Whether a parent watch event is of a parent in `shard` (always, unsharded). Only
 /// events that carry an object can fall outside.
 fn in_shard(shard: Option<Buckets>, event: &watcher::Event<CachedParent>) -> bool {
@@ -319,6 +358,79 @@ mod tests {
         );
         o.metadata.uid = Some(uid.into());
         CachedParent::new(o)
+    }
+
+    fn named(name: &str, generation: i64) -> CachedParent {
+        let mut o = DynamicObject::new(
+            name,
+            &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        )
+        .within("ns");
+        o.metadata.uid = Some(format!("uid-{name}"));
+        o.metadata.generation = Some(generation);
+        CachedParent::new(o)
+    }
+
+    /// The parent watch's events go through the reflector and [`parent_changes`] into a
+    /// controller, as in [`RunningController::start`]; the API server is the test's
+    /// channel. A re-list that takes a while (a page after another) shows a parent the
+    /// watch never delivered, and a new generation of one it did: both are reconciled,
+    /// from the store's new content, once the re-list ends.
+    #[tokio::test]
+    async fn a_parent_first_seen_in_a_relist_is_reconciled_once_the_relist_ends() {
+        let kind = ParentKind::new(ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(
+            &(),
+        ));
+        let (server, events) = futures::channel::mpsc::unbounded();
+        let writer = Writer::new(kind.clone());
+        let reader = writer.as_reader();
+        let changes = parent_changes(reflector::reflector(
+            writer,
+            events.map(Ok::<_, watcher::Error>),
+        ));
+        let (seen, mut reconciled) = tokio::sync::mpsc::unbounded_channel::<(String, i64)>();
+        let controller = Controller::for_stream_with(changes, reader, kind).run(
+            |parent: Arc<CachedParent>, seen: Arc<tokio::sync::mpsc::UnboundedSender<_>>| async move {
+                let meta = parent.meta();
+                let _ = seen.send((meta.name.clone().unwrap_or_default(), meta.generation.unwrap_or_default()));
+                Ok::<_, std::io::Error>(kube::runtime::controller::Action::await_change())
+            },
+            |_, _, _| kube::runtime::controller::Action::await_change(),
+            Arc::new(seen),
+        );
+        let running = tokio::spawn(controller.for_each(|_| async {}));
+        let send = |e| server.unbounded_send(e).expect("the controller listens");
+        let next = async |reconciled: &mut tokio::sync::mpsc::UnboundedReceiver<_>| {
+            tokio::time::timeout(Duration::from_secs(5), reconciled.recv())
+                .await
+                .expect("a reconcile within 5 s")
+                .expect("the controller runs")
+        };
+
+        send(watcher::Event::Init);
+        send(watcher::Event::InitApply(named("a", 1)));
+        send(watcher::Event::InitDone);
+        assert_eq!(next(&mut reconciled).await, ("a".to_string(), 1));
+
+        // The watch ends (the API server restarts); "b" was created meanwhile and "a"
+        // changed. The re-list's last page comes later.
+        send(watcher::Event::Init);
+        send(watcher::Event::InitApply(named("a", 2)));
+        send(watcher::Event::InitApply(named("b", 1)));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            reconciled.try_recv().is_err(),
+            "nothing is reconciled from a store the re-list has not replaced yet"
+        );
+        send(watcher::Event::InitDone);
+        let mut after = vec![next(&mut reconciled).await, next(&mut reconciled).await];
+        after.sort();
+        assert_eq!(after, [("a".to_string(), 2), ("b".to_string(), 1)]);
+
+        // A watch event after the re-list: as before.
+        send(watcher::Event::Apply(named("c", 1)));
+        assert_eq!(next(&mut reconciled).await, ("c".to_string(), 1));
+        running.abort();
     }
 
     #[test]

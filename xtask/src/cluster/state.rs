@@ -71,6 +71,23 @@ impl StateDir {
         Ok(())
     }
 
+    /// Waits until no other process changes the cluster's processes (a `restart`), and
+    /// holds that until the returned file is dropped: two restarts of one component at
+    /// once would start two of it, of which one fails to bind its port and the state
+    /// may record the one that exited.
+    pub fn lock_processes(&self) -> Result<fs::File> {
+        let path = self.root.join("processes.lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        file.lock()
+            .with_context(|| format!("lock {}", path.display()))?;
+        Ok(file)
+    }
+
     /// Credentials made by `capstan-pki`.
     pub fn pki(&self) -> PathBuf {
         self.root.join("pki")
