@@ -12,7 +12,7 @@ use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
 use super::canary;
@@ -158,7 +158,7 @@ impl RunningController {
                     watch_metrics.watch_failed(&kind_name, None);
                 }),
         );
-        let parents = parent_changes(parents);
+        let parents = parent_changes(parents, reader.clone(), parent_kind.clone());
 
         let children = ChildKinds::new(&info.children);
         let watches: Vec<KindWatch> = info
@@ -284,32 +284,47 @@ fn tokio_stream_of<T: Send + 'static>(
 /// between finds nothing in the store and is dropped (`ObjectNotFound`), and the
 /// predicate, having seen the object, never lets it through again: a parent created
 /// while the watch was down (an API server restart) was never reconciled. Here a
-/// re-list's objects are passed on when it ends, all at once.
+/// re-list's parents are passed on when it ends, as `store` then holds them: only their
+/// names are kept meanwhile, and each is taken from the store as the controller asks
+/// for the next one, so no second copy of every parent is held.
 fn parent_changes<E>(
     events: impl futures::Stream<Item = Result<watcher::Event<CachedParent>, E>> + Send,
+    store: reflector::Store<CachedParent>,
+    kind: ParentKind,
 ) -> impl futures::Stream<Item = Result<CachedParent, watcher::Error>> + Send
 where
     E: Into<watcher::Error>,
 {
+    type Changes = futures::stream::BoxStream<'static, Result<CachedParent, watcher::Error>>;
+    let one = |change| futures::stream::iter([change]).boxed();
     events
-        .scan(Vec::new(), |relisted, event| {
-            let stored: Vec<Result<CachedParent, watcher::Error>> = match event {
-                Ok(watcher::Event::Apply(o)) => vec![Ok(o)],
+        .scan(Vec::new(), move |relisted, event| {
+            let changes: Changes = match event {
+                Ok(watcher::Event::Apply(o)) => one(Ok(o)),
                 Ok(watcher::Event::Init) => {
                     relisted.clear();
-                    Vec::new()
+                    futures::stream::empty().boxed()
                 }
                 Ok(watcher::Event::InitApply(o)) => {
-                    relisted.push(o);
-                    Vec::new()
+                    let r = ObjectRef::new_with(&o.name_any(), kind.clone());
+                    relisted.push(match o.namespace() {
+                        Some(ns) => r.within(&ns),
+                        None => r,
+                    });
+                    futures::stream::empty().boxed()
                 }
                 Ok(watcher::Event::InitDone) => {
-                    std::mem::take(relisted).into_iter().map(Ok).collect()
+                    let store = store.clone();
+                    futures::stream::iter(std::mem::take(relisted))
+                        .filter_map(move |r| {
+                            std::future::ready(store.get(&r).map(|p| Ok((*p).clone())))
+                        })
+                        .boxed()
                 }
-                Ok(watcher::Event::Delete(_)) => Vec::new(),
-                Err(e) => vec![Err(e.into())],
+                Ok(watcher::Event::Delete(_)) => futures::stream::empty().boxed(),
+                Err(e) => one(Err(e.into())),
             };
-            std::future::ready(Some(futures::stream::iter(stored)))
+            std::future::ready(Some(changes))
         })
         .flatten()
         .predicate_filter(spec_or_deletion, PredicateConfig::default())
@@ -384,10 +399,11 @@ mod tests {
         let (server, events) = futures::channel::mpsc::unbounded();
         let writer = Writer::new(kind.clone());
         let reader = writer.as_reader();
-        let changes = parent_changes(reflector::reflector(
-            writer,
-            events.map(Ok::<_, watcher::Error>),
-        ));
+        let changes = parent_changes(
+            reflector::reflector(writer, events.map(Ok::<_, watcher::Error>)),
+            reader.clone(),
+            kind.clone(),
+        );
         let (seen, mut reconciled) = tokio::sync::mpsc::unbounded_channel::<(String, i64)>();
         let controller = Controller::for_stream_with(changes, reader, kind).run(
             |parent: Arc<CachedParent>, seen: Arc<tokio::sync::mpsc::UnboundedSender<_>>| async move {
