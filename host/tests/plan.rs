@@ -36,6 +36,39 @@ fn observed_after_render(dir: &Path) -> String {
     path.display().to_string()
 }
 
+/// The sample parent with the status a second reconcile (of `observed`) gives it, as a
+/// running cluster's parent has one. The plugin records in it since when the primary is
+/// not ready (`primaryNotReadySince`, from its clock): without it, each version of a
+/// plan would read the clock itself, and two calls a second apart would differ.
+fn parent_after_render(dir: &Path, observed: &str) -> String {
+    let sample = root().join("crds/samples/postgresqlcluster.yaml");
+    let out = capstan(&[
+        "render",
+        "--plugin",
+        plugin("postgresql").to_str().unwrap(),
+        "--parent",
+        sample.to_str().unwrap(),
+        "--observed",
+        observed,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    let status = &rendered["status"];
+    assert!(
+        status["primaryNotReadySince"].is_string(),
+        "the status records since when the primary is not ready: {status}"
+    );
+    let mut parent: Value = serde_yaml_ng::from_slice(&std::fs::read(&sample).unwrap()).unwrap();
+    parent["status"] = status.clone();
+    let path = dir.join("parent.yaml");
+    std::fs::write(&path, serde_yaml_ng::to_string(&parent).unwrap()).unwrap();
+    path.display().to_string()
+}
+
 /// `capstan plan --plugin NEW --against OLD --parent PARENT [--observed OBSERVED]`.
 fn plan_against(
     new: &Path,
@@ -72,11 +105,11 @@ fn plan(args: &[&str]) -> (Option<i32>, String, String) {
 fn a_version_that_changes_the_image_lists_exactly_the_image_fields() {
     let dir = tempfile::tempdir().unwrap();
     let observed = observed_after_render(dir.path());
-    let sample = root().join("crds/samples/postgresqlcluster.yaml");
+    let parent = parent_after_render(dir.path(), &observed);
     let (code, out, err) = plan_against(
         &test_plugin("postgresql-mirror"),
         &plugin("postgresql"),
-        &sample,
+        Path::new(&parent),
         Some(&observed),
     );
     assert_eq!(code, Some(1), "something changes: {out}{err}");
@@ -115,9 +148,9 @@ fn a_version_that_changes_the_image_lists_exactly_the_image_fields() {
 fn the_same_version_changes_nothing_and_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let observed = observed_after_render(dir.path());
-    let sample = root().join("crds/samples/postgresqlcluster.yaml");
+    let parent = parent_after_render(dir.path(), &observed);
     let shipped = plugin("postgresql");
-    let (code, out, err) = plan_against(&shipped, &shipped, &sample, Some(&observed));
+    let (code, out, err) = plan_against(&shipped, &shipped, Path::new(&parent), Some(&observed));
     assert_eq!(code, Some(0), "{out}{err}");
     assert_eq!(out, "1 parents: 1 unchanged, 0 changed, 0 failing\n");
 }
