@@ -14,20 +14,7 @@ use serde_json::Value;
 /// written as the observed state of a second reconcile (the Secret's password included,
 /// which a plugin draws at random only while it has not observed one).
 fn observed_after_render(dir: &Path) -> String {
-    let sample = root().join("crds/samples/postgresqlcluster.yaml");
-    let out = capstan(&[
-        "render",
-        "--plugin",
-        plugin("postgresql").to_str().unwrap(),
-        "--parent",
-        sample.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rendered: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    let rendered = render_sample(&[]);
     let children = rendered["children"].as_array().unwrap();
     assert!(children.len() > 3, "{rendered}");
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": children});
@@ -41,32 +28,43 @@ fn observed_after_render(dir: &Path) -> String {
 /// not ready (`primaryNotReadySince`, from its clock): without it, each version of a
 /// plan would read the clock itself, and two calls a second apart would differ.
 fn parent_after_render(dir: &Path, observed: &str) -> String {
-    let sample = root().join("crds/samples/postgresqlcluster.yaml");
-    let out = capstan(&[
-        "render",
-        "--plugin",
-        plugin("postgresql").to_str().unwrap(),
-        "--parent",
-        sample.to_str().unwrap(),
-        "--observed",
-        observed,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rendered: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    let rendered = render_sample(&["--observed", observed]);
     let status = &rendered["status"];
     assert!(
         status["primaryNotReadySince"].is_string(),
         "the status records since when the primary is not ready: {status}"
     );
-    let mut parent: Value = serde_yaml_ng::from_slice(&std::fs::read(&sample).unwrap()).unwrap();
+    let mut parent: Value =
+        serde_yaml_ng::from_slice(&std::fs::read(sample_path()).unwrap()).unwrap();
     parent["status"] = status.clone();
     let path = dir.join("parent.yaml");
     std::fs::write(&path, serde_yaml_ng::to_string(&parent).unwrap()).unwrap();
     path.display().to_string()
+}
+
+/// The sample PostgreSQLCluster.
+fn sample_path() -> std::path::PathBuf {
+    root().join("crds/samples/postgresqlcluster.yaml")
+}
+
+/// `capstan render` of the sample parent with the shipped plugin and `extra` arguments.
+fn render_sample(extra: &[&str]) -> Value {
+    let (plugin, sample) = (plugin("postgresql"), sample_path());
+    let mut args = vec![
+        "render",
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--parent",
+        sample.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = capstan(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_yaml_ng::from_slice(&out.stdout).unwrap()
 }
 
 /// `capstan plan --plugin NEW --against OLD --parent PARENT [--observed OBSERVED]`.
