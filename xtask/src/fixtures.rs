@@ -187,12 +187,11 @@ pub fn build_widget_rebuilt(out: &Path) -> Result<()> {
 }
 
 /// `cargo build --profile plugin --target wasm32-wasip2` for a test fixture, in the
-/// fixtures' target directory ([`dir`]): optimized
-/// lightly, without LTO and in parallel codegen units (the environment overrides the
-/// workspace's `plugin` profile), since the fixtures' directory compiles every dependency
-/// once more. A fixture has to behave like the plugin, not to be small or fast; on a
-/// cold two-core machine two fixture directories took 10 minutes with the shipped
-/// plugins' profile.
+/// fixtures' target directory ([`dir`]): optimized lightly, without LTO and in parallel
+/// codegen units (the environment overrides the workspace's `plugin` profile), since the
+/// fixtures' directory compiles every dependency once more. A fixture has to behave
+/// like the plugin, not to be small or fast; on a cold two-core machine two fixture
+/// directories took 10 minutes with the shipped plugins' profile.
 fn fixture_build() -> Command {
     let mut cmd = cargo();
     cmd.args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])

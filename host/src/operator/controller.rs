@@ -295,15 +295,16 @@ fn parent_changes<E>(
 where
     E: Into<watcher::Error>,
 {
-    type Changes = futures::stream::BoxStream<'static, Result<CachedParent, watcher::Error>>;
-    let one = |change| futures::stream::iter([change]).boxed();
+    use futures::future::Either;
+    let none = || Either::Left(futures::stream::iter(None));
+    let one = |change| Either::Left(futures::stream::iter(Some(change)));
     events
         .scan(Vec::new(), move |relisted, event| {
-            let changes: Changes = match event {
+            let changes = match event {
                 Ok(watcher::Event::Apply(o)) => one(Ok(o)),
                 Ok(watcher::Event::Init) => {
                     relisted.clear();
-                    futures::stream::empty().boxed()
+                    none()
                 }
                 Ok(watcher::Event::InitApply(o)) => {
                     let r = ObjectRef::new_with(&o.name_any(), kind.clone());
@@ -311,17 +312,15 @@ where
                         Some(ns) => r.within(&ns),
                         None => r,
                     });
-                    futures::stream::empty().boxed()
+                    none()
                 }
                 Ok(watcher::Event::InitDone) => {
                     let store = store.clone();
-                    futures::stream::iter(std::mem::take(relisted))
-                        .filter_map(move |r| {
-                            std::future::ready(store.get(&r).map(|p| Ok((*p).clone())))
-                        })
-                        .boxed()
+                    Either::Right(futures::stream::iter(std::mem::take(relisted)).filter_map(
+                        move |r| std::future::ready(store.get(&r).map(|p| Ok((*p).clone()))),
+                    ))
                 }
-                Ok(watcher::Event::Delete(_)) => futures::stream::empty().boxed(),
+                Ok(watcher::Event::Delete(_)) => none(),
                 Err(e) => one(Err(e.into())),
             };
             std::future::ready(Some(changes))
@@ -366,22 +365,22 @@ mod tests {
 
     use kube::api::{ApiResource, DynamicObject};
 
+    /// The test parents' kind (any will do).
+    fn config_maps() -> ApiResource {
+        ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
+    }
+
     fn parent(uid: &str) -> CachedParent {
-        let mut o = DynamicObject::new(
-            "p",
-            &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-        );
+        let mut o = DynamicObject::new("p", &config_maps());
         o.metadata.uid = Some(uid.into());
         CachedParent::new(o)
     }
 
+    /// Parent `name` of namespace `ns`, at `generation`.
     fn named(name: &str, generation: i64) -> CachedParent {
-        let mut o = DynamicObject::new(
-            name,
-            &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-        )
-        .within("ns");
-        o.metadata.uid = Some(format!("uid-{name}"));
+        let mut o = parent(&format!("uid-{name}")).to_dynamic(&ParentKind::new(config_maps()));
+        o.metadata.name = Some(name.into());
+        o.metadata.namespace = Some("ns".into());
         o.metadata.generation = Some(generation);
         CachedParent::new(o)
     }
@@ -393,9 +392,7 @@ mod tests {
     /// from the store's new content, once the re-list ends.
     #[tokio::test]
     async fn a_parent_first_seen_in_a_relist_is_reconciled_once_the_relist_ends() {
-        let kind = ParentKind::new(ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(
-            &(),
-        ));
+        let kind = ParentKind::new(config_maps());
         let (server, events) = futures::channel::mpsc::unbounded();
         let writer = Writer::new(kind.clone());
         let reader = writer.as_reader();
@@ -471,9 +468,7 @@ mod tests {
     fn the_force_release_annotation_triggers_a_reconcile_other_annotations_do_not() {
         let before = parent("5f362ddd");
         let with = |key: &str| {
-            let mut o = before.to_dynamic(&ParentKind::new(ApiResource::erase::<
-                k8s_openapi::api::core::v1::ConfigMap,
-            >(&())));
+            let mut o = before.to_dynamic(&ParentKind::new(config_maps()));
             o.metadata.annotations = Some([(key.to_string(), "true".to_string())].into());
             CachedParent::new(o)
         };
