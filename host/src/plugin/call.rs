@@ -30,7 +30,7 @@ use super::error::CallError;
 use super::error::one_line;
 use super::limits::Limits;
 use super::limits::LimitsFile;
-use super::state::{self, CallState};
+use super::state::{self, CallState, Pinned};
 use super::stats::Outcome;
 use super::{cache, cpu};
 use crate::contract::{Desired, FinalizeResult, Observed, PluginError, PluginInfo, RelatedRequest};
@@ -153,6 +153,7 @@ impl Plugin {
                         }
                     },
                     |_| Outcome::Ok,
+                    None,
                 )
                 .await
         })
@@ -165,11 +166,21 @@ impl Plugin {
         &self,
         parent: &serde_json::Value,
     ) -> Result<Result<Vec<RelatedRequest>, PluginError>, CallError> {
+        self.customize_pinned(parent, None).await
+    }
+
+    /// [`Plugin::customize_async`] with the call's clock and random `pinned`.
+    pub async fn customize_pinned(
+        &self,
+        parent: &serde_json::Value,
+        pinned: Option<Pinned>,
+    ) -> Result<Result<Vec<RelatedRequest>, PluginError>, CallError> {
         if self.inner.info.related.is_empty() {
             return Ok(Ok(Vec::new()));
         }
         let parent = parent.to_string();
-        self.spawn(|plugin| plugin.customize_call(parent)).await
+        self.spawn(|plugin| plugin.customize_call(parent, pinned))
+            .await
     }
 
     /// [`Plugin::customize_async`] for a thread that runs no async code.
@@ -181,7 +192,7 @@ impl Plugin {
             return Ok(Ok(Vec::new()));
         }
         let parent = parent.to_string();
-        self.blocking(|plugin| plugin.customize_call(parent))
+        self.blocking(|plugin| plugin.customize_call(parent, None))
     }
 
     /// Calls `reconcile` in a fresh instance, on the sandbox's runtime.
@@ -189,8 +200,18 @@ impl Plugin {
         &self,
         observed: &Observed,
     ) -> Result<Result<Desired, PluginError>, CallError> {
+        self.reconcile_pinned(observed, None).await
+    }
+
+    /// [`Plugin::reconcile_async`] with the call's clock and random `pinned`.
+    pub async fn reconcile_pinned(
+        &self,
+        observed: &Observed,
+        pinned: Option<Pinned>,
+    ) -> Result<Result<Desired, PluginError>, CallError> {
         let observed = self.observed(observed);
-        self.spawn(|plugin| plugin.reconcile_call(observed)).await
+        self.spawn(|plugin| plugin.reconcile_call(observed, pinned))
+            .await
     }
 
     /// Calls `finalize` in a fresh instance, on the sandbox's runtime.
@@ -198,8 +219,18 @@ impl Plugin {
         &self,
         observed: &Observed,
     ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
+        self.finalize_pinned(observed, None).await
+    }
+
+    /// [`Plugin::finalize_async`] with the call's clock and random `pinned`.
+    pub async fn finalize_pinned(
+        &self,
+        observed: &Observed,
+        pinned: Option<Pinned>,
+    ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
         let observed = self.observed(observed);
-        self.spawn(|plugin| plugin.finalize_call(observed)).await
+        self.spawn(|plugin| plugin.finalize_call(observed, pinned))
+            .await
     }
 
     /// [`Plugin::reconcile_async`] for a thread that runs no async code (the command
@@ -209,7 +240,7 @@ impl Plugin {
         observed: &Observed,
     ) -> Result<Result<Desired, PluginError>, CallError> {
         let observed = self.observed(observed);
-        self.blocking(|plugin| plugin.reconcile_call(observed))
+        self.blocking(|plugin| plugin.reconcile_call(observed, None))
     }
 
     /// [`Plugin::finalize_async`] for a thread that runs no async code.
@@ -218,7 +249,7 @@ impl Plugin {
         observed: &Observed,
     ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
         let observed = self.observed(observed);
-        self.blocking(|plugin| plugin.finalize_call(observed))
+        self.blocking(|plugin| plugin.finalize_call(observed, None))
     }
 
     /// Calls `validate` in a fresh instance, on the sandbox's runtime: `Ok` with the
@@ -296,6 +327,7 @@ impl Plugin {
     async fn customize_call(
         self,
         parent: String,
+        pinned: Option<Pinned>,
     ) -> Result<Result<Vec<RelatedRequest>, PluginError>, CallError> {
         self.call(
             async |pre, store| match pre {
@@ -310,6 +342,7 @@ impl Plugin {
                 }
             },
             answer_outcome,
+            pinned,
         )
         .await
     }
@@ -319,6 +352,7 @@ impl Plugin {
     async fn reconcile_call(
         self,
         observed: WitObserved,
+        pinned: Option<Pinned>,
     ) -> Result<Result<Desired, PluginError>, CallError> {
         self.call(
             async |pre, store| match (pre, &observed) {
@@ -337,6 +371,7 @@ impl Plugin {
                 _ => unreachable!("the observed state is made for the plugin's release"),
             },
             answer_outcome,
+            pinned,
         )
         .await
     }
@@ -345,6 +380,7 @@ impl Plugin {
     async fn finalize_call(
         self,
         observed: WitObserved,
+        pinned: Option<Pinned>,
     ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
         self.call(
             async |pre, store| match (pre, &observed) {
@@ -363,6 +399,7 @@ impl Plugin {
                 _ => unreachable!("the observed state is made for the plugin's release"),
             },
             answer_outcome,
+            pinned,
         )
         .await
     }
@@ -382,6 +419,7 @@ impl Plugin {
                 }
             },
             refusal_outcome,
+            None,
         )
         .await
     }
@@ -402,6 +440,7 @@ impl Plugin {
                 }
             },
             refusal_outcome,
+            None,
         )
         .await
     }
@@ -483,6 +522,7 @@ impl Plugin {
         &self,
         f: impl AsyncFnOnce(&Pre<CallState>, &mut Store<CallState>) -> wasmtime::Result<R>,
         outcome_of: impl Fn(&R) -> Outcome,
+        pinned: Option<Pinned>,
     ) -> Result<R, CallError> {
         let sandbox = &self.inner.sandbox;
         let name = &self.inner.info.name;
@@ -505,7 +545,10 @@ impl Plugin {
             .expect("the slot semaphore is never closed");
         sandbox.metrics.waited_for_slot(waiting.elapsed());
         let _running = sandbox.metrics.running(name);
-        let mut store = Store::new(&sandbox.engine, CallState::new(name, limits.memory_limit));
+        let mut store = Store::new(
+            &sandbox.engine,
+            CallState::new(name, limits.memory_limit, pinned),
+        );
         store.limiter(|s| &mut s.limits);
         // Yield at the next epoch tick, then at every tick (a new store's deadline is
         // the epoch already passed: without this, every call yields at its first

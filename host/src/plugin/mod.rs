@@ -32,4 +32,5 @@ pub use engine::{DEFAULT_INSTANCES, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError, SandboxError};
 pub use limits::{LimitsError, LimitsFile};
 pub use load::sha256_hex;
+pub use state::Pinned;
 pub use stats::{Outcome, SandboxMetrics, SandboxSummary};

@@ -12,6 +12,33 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+/// What a call may read of the world outside its input, pinned: the wall clock stands
+/// at `at` (seconds since the Unix epoch) and every random byte comes from `seed`. Two
+/// calls pinned alike on the same input get the same answer from a plugin that reads
+/// nothing else, as the contract asks: so `capstan render`, `plan` and `test` can be
+/// held to what `capstan run` decides, and a history replayed. Unpinned calls (the
+/// default, and what `capstan run` uses) read the host's clock and its secure random.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pinned {
+    /// The wall clock, in seconds since the Unix epoch.
+    pub at: i64,
+    /// The seed of `wasi:random`, secure and insecure alike.
+    pub seed: u64,
+}
+
+/// A wall clock that stands still.
+struct StoppedClock(std::time::Duration);
+
+impl wasmtime_wasi::HostWallClock for StoppedClock {
+    fn resolution(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+
+    fn now(&self) -> std::time::Duration {
+        self.0
+    }
+}
+
 /// How much a plugin may print on stdout or stderr in one call; the rest is dropped.
 const OUTPUT_CAPACITY: usize = 64 << 10;
 
@@ -26,19 +53,30 @@ pub struct CallState {
 }
 
 impl CallState {
-    /// State for one call of `plugin`, with `memory_limit` bytes of linear memory.
-    pub fn new(plugin: &str, memory_limit: usize) -> Self {
+    /// State for one call of `plugin`, with `memory_limit` bytes of linear memory, its
+    /// clock and random pinned if `pinned`.
+    pub fn new(plugin: &str, memory_limit: usize, pinned: Option<Pinned>) -> Self {
         let stdout = BoundedOutput::new(OUTPUT_CAPACITY);
         let stderr = BoundedOutput::new(OUTPUT_CAPACITY);
         // The builder's defaults grant nothing: no preopens, no env, no args, stdin
         // closed, every socket address denied. Say the network part out loud anyway.
-        let wasi = WasiCtx::builder()
+        let mut builder = WasiCtx::builder();
+        builder
             .stdout(stdout.clone())
             .stderr(stderr.clone())
             .allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
+            .allow_ip_name_lookup(false);
+        if let Some(pinned) = pinned {
+            use rand::SeedableRng;
+            let since_epoch = std::time::Duration::from_secs(pinned.at.max(0) as u64);
+            builder
+                .wall_clock(StoppedClock(since_epoch))
+                .secure_random(rand::rngs::StdRng::seed_from_u64(pinned.seed))
+                .insecure_random(rand::rngs::StdRng::seed_from_u64(pinned.seed ^ 1))
+                .insecure_random_seed(u128::from(pinned.seed));
+        }
+        let wasi = builder.build();
         CallState {
             plugin: plugin.to_string(),
             wasi,
