@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use capstan::oci::{OciOptions, OciStore};
-use capstan::operator::canary::CanaryPolicy;
+use capstan::operator::rollout::canary::CanaryPolicy;
 use capstan::operator::source::PluginSource;
 use capstan::operator::{
     self, ControllerOptions, ForceRelease, LeaderElectionOptions, OperatorOptions, PendingReleases,
@@ -746,6 +746,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                                 &client,
                                 &new,
                                 namespace.as_deref(),
+                                None,
                             )
                             .await?,
                         )

@@ -5,13 +5,15 @@
 //! custom resource kind as a pure function of what the host observed. The host loads it
 //! ([`plugin`]), calls it in a fresh sandboxed instance, validates what it returns
 //! ([`validate`]), turns it into the writes to make ([`plan`]) and, in `capstan run`,
-//! applies them to the cluster.
+//! applies them to the cluster. Every front door goes through one [`engine`]: Observe
+//! a parent's world, Decide a plan, Act on it.
 #![deny(unsafe_code)]
 
 pub mod author;
 pub mod contract;
 pub mod convert;
 pub mod diff;
+pub mod engine;
 pub mod oci;
 pub mod operator;
 pub mod ownership;

@@ -7,11 +7,12 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::contract::{
-    Observed, ObservedChild, PluginError, PluginInfo, RelatedObject, RelatedRequest, Selector,
+    Observed, ObservedChild, PluginError, PluginInfo, RelatedObject, RelatedRequest,
 };
-use crate::plan::{self, Plan};
+use crate::engine::{self, DecideError, ObserveError, World};
+use crate::plan::Plan;
 use crate::plugin::{CallError, Plugin};
-use crate::validate::{self, Violation};
+use crate::validate::Violation;
 
 /// Why a render did not produce a plan.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,30 @@ pub enum RenderError {
     Violation(#[from] Violation),
 }
 
+impl From<ObserveError> for RenderError {
+    fn from(e: ObserveError) -> Self {
+        match e {
+            ObserveError::Call(e) => RenderError::Call(e),
+            ObserveError::Customize(e) => RenderError::Customize(e),
+            ObserveError::Refused(v) => RenderError::Violation(v),
+            ObserveError::Source(reason) => RenderError::Input {
+                path: "related objects".into(),
+                reason,
+            },
+        }
+    }
+}
+
+impl From<DecideError> for RenderError {
+    fn from(e: DecideError) -> Self {
+        match e {
+            DecideError::Call(e) => RenderError::Call(e),
+            DecideError::Plugin(e) => RenderError::Plugin(e),
+            DecideError::Refused(v) => RenderError::Violation(v),
+        }
+    }
+}
+
 /// What `capstan render` prints.
 #[derive(Debug, Serialize)]
 pub struct Rendered {
@@ -74,80 +99,21 @@ pub fn read_related(info: &PluginInfo, path: &Path) -> Result<Vec<RelatedObject>
 }
 
 /// Calls `customize` for the parent of `observed` and fills `observed.related` with the
-/// objects of `existing` its requests select, as `capstan run` does from its caches:
-/// in the parent's namespace, by name or by labels. Returns the requests.
+/// objects of `existing` its requests select, as `capstan run` does from its caches
+/// (the one selection of [`engine::observe`]). Returns the requests.
 pub fn customize(
     plugin: &Plugin,
     observed: &mut Observed,
     existing: &[RelatedObject],
 ) -> Result<Vec<RelatedRequest>, RenderError> {
-    let requests = plugin
-        .customize_blocking(&observed.parent)?
-        .map_err(RenderError::Customize)?;
-    observed.related = select_related(plugin.info(), &observed.parent, existing, &requests)?;
-    Ok(requests)
-}
-
-/// The objects of `existing` that `requests` (a `customize` answer, checked here) select
-/// for `parent`, as `capstan run`'s caches select them: in the parent's namespace (for a
-/// namespaced kind), by name or by labels.
-pub fn select_related(
-    info: &PluginInfo,
-    parent: &Value,
-    existing: &[RelatedObject],
-    requests: &[RelatedRequest],
-) -> Result<Vec<RelatedObject>, RenderError> {
-    validate::related_requests(info, requests)?;
-    let namespace = parent
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str);
-    let selected: Vec<RelatedObject> = existing
-        .iter()
-        .filter(|o| {
-            let kind = &info.related[o.kind_index as usize];
-            let ns = if kind.namespaced { namespace } else { None };
-            requests
-                .iter()
-                .any(|r| r.kind_index == o.kind_index && r.selector.selects(&o.object, ns))
-        })
-        .cloned()
-        .collect();
-    if selected.len() > validate::MAX_RELATED_OBJECTS {
-        return Err(Violation::TooLarge {
-            what: "the related objects customize selected".into(),
-            size: selected.len(),
-            limit: validate::MAX_RELATED_OBJECTS,
-        }
-        .into());
-    }
-    Ok(selected)
-}
-
-/// Whether a selector selects an object, the way the host's caches select it.
-impl Selector {
-    /// Whether this selects `object` for a parent in `namespace` (none: the kind is
-    /// cluster-scoped).
-    pub fn selects(&self, object: &Value, namespace: Option<&str>) -> bool {
-        if object
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            != namespace
-        {
-            return false;
-        }
-        match self {
-            Selector::Name(name) => {
-                object.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
-            }
-            Selector::Labels(labels) => labels.iter().all(|(k, v)| {
-                object
-                    .pointer("/metadata/labels")
-                    .and_then(|l| l.get(k))
-                    .and_then(Value::as_str)
-                    == Some(v)
-            }),
-        }
-    }
+    let selected = engine::blocking(engine::observe::related(
+        plugin,
+        &observed.parent,
+        existing,
+        None,
+    ))?;
+    observed.related = selected.objects;
+    Ok(selected.requests)
 }
 
 /// Reads the parent and the observed children from YAML files. A parent written in
@@ -268,14 +234,16 @@ pub fn controlled_by(child: &Value, parent: &Value) -> bool {
     })
 }
 
-/// Calls the plugin and plans the result, as `capstan run` does before applying. It
-/// blocks the calling thread for the call ([`Plugin::reconcile_blocking`]): meant for the
-/// command line and tests, not for async tasks.
+/// Calls the plugin and plans the result, as `capstan run` does before applying: the
+/// engine's [`decide`](engine::decide), at the clock `now`. It blocks the calling thread
+/// for the call: meant for the command line and tests, not for async tasks.
 pub fn render(plugin: &Plugin, observed: &Observed, now: &str) -> Result<Rendered, RenderError> {
-    let desired = plugin
-        .reconcile_blocking(observed)?
-        .map_err(RenderError::Plugin)?;
-    let plan = plan::plan(plugin.info(), &observed.parent, desired, now)?;
+    render_world(plugin, &World::new(observed.clone(), now))
+}
+
+/// [`render`] of a whole [`World`], its clock and random pinned if it pins them.
+pub fn render_world(plugin: &Plugin, world: &World) -> Result<Rendered, RenderError> {
+    let plan = engine::blocking(engine::decide(plugin, world))?;
     Ok(Rendered { plan })
 }
 

@@ -15,17 +15,18 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::canary;
 use super::children::{ChildCaches, ControllerRef, KindCache, KindWatch};
-use super::cluster::{ChildKinds, ClusterWrites, api_resource};
-use super::finalizers::{FORCE_RELEASE_ANNOTATION, ForceRelease};
+use super::cluster::{ChildKinds, ClusterWrites};
+use super::finalizers::{FORCE_RELEASE_ANNOTATION, ForceRelease, ReleaseScope};
 use super::freshness::OwnWrites;
+use super::kinds::api_resource;
 use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::parent::{CachedParent, ParentKind};
 use super::reconcile::{self, Context};
 use super::related::{Key as RelatedKey, RelatedCache, RelatedCaches, RelatedWatch};
-use super::shadow::ShadowSlot;
+use super::rollout::driver;
+use super::rollout::slot::ShadowSlot;
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
 use crate::plugin::Plugin;
@@ -48,6 +49,18 @@ pub struct ControllerOptions {
     /// Parents being deleted that lose the host's finalizer without `finalize`
     /// (`--force-release-finalizers`, or annotated).
     pub force_release: ForceRelease,
+}
+
+impl ControllerOptions {
+    /// The scope in which the finalizers of a kind these controllers served are released.
+    pub fn release_scope(&self) -> ReleaseScope {
+        ReleaseScope {
+            namespace: self.namespace.clone(),
+            shard: self.shard,
+            fence: self.fence.clone(),
+            force_release: self.force_release.clone(),
+        }
+    }
 }
 
 /// The caches every controller shares: of the child kinds and of the related kinds.
@@ -188,7 +201,7 @@ impl RunningController {
         let (canary_changes, canary_rx) = tokio::sync::mpsc::unbounded_channel();
         triggers.push(tokio_stream_of(canary_rx).boxed());
         let triggers = futures::stream::select_all(triggers);
-        let canary_driver = tokio::spawn(canary::drive(
+        let canary_driver = tokio::spawn(driver::drive(
             shadow.clone(),
             plugin.clone(),
             reader.clone(),

@@ -19,13 +19,16 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-use super::cluster::{self, ClusterWrites, ErrorClass, api_resource};
-use super::controller::ControllerOptions;
+use super::cluster::{self, ClusterWrites, ErrorClass};
+use super::kinds::api_resource;
+use super::leader::WriteFence;
 use super::metrics::Metrics;
-use super::reconcile::FINALIZER;
 use super::shard::{Buckets, bucket_of};
 use super::watch_client::watch_client;
 use crate::contract::KindRef;
+
+/// Finalizer the host puts on parents whose plugin asks for one.
+pub const FINALIZER: &str = "capstan.dev/finalizer";
 
 /// Set to `"true"` on a parent being deleted, it makes the host remove its finalizer
 /// without running the plugin's `finalize` (whose cleanup then never happens): the way
@@ -122,6 +125,20 @@ impl Pass {
     }
 }
 
+/// Where a [`FinalizerRelease`] looks and how it writes: the scope of the controllers
+/// that served the kind.
+#[derive(Debug, Clone, Default)]
+pub struct ReleaseScope {
+    /// Only this namespace (for a namespaced kind); none: every namespace.
+    pub namespace: Option<String>,
+    /// With `--shards`: only the parents of these buckets.
+    pub shard: Option<Buckets>,
+    /// The write fence of this replica's leadership.
+    pub fence: WriteFence,
+    /// Parents being deleted that an administrator lets go without `finalize`.
+    pub force_release: ForceRelease,
+}
+
 /// The release of the host's finalizer from the parents of one kind whose plugin is gone.
 pub struct FinalizerRelease {
     kind: KindRef,
@@ -146,7 +163,7 @@ impl FinalizerRelease {
         client: Client,
         kind: &KindRef,
         plugin: &str,
-        scope: &ControllerOptions,
+        scope: &ReleaseScope,
         metrics: Arc<Metrics>,
     ) -> Self {
         let shard = scope.shard;
@@ -304,7 +321,6 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::super::fake_api::{self, Call};
-    use super::super::leader::WriteFence;
     use super::*;
 
     fn guard_kind() -> KindRef {
@@ -386,13 +402,10 @@ mod tests {
     }
 
     fn release(client: Client, shard: Option<Buckets>, metrics: Arc<Metrics>) -> FinalizerRelease {
-        let scope = ControllerOptions {
+        let scope = ReleaseScope {
             namespace: Some("ns".into()),
-            default_resync: Duration::from_secs(300),
-            concurrency: 1,
-            fence: WriteFence::default(),
             shard,
-            force_release: ForceRelease::default(),
+            ..ReleaseScope::default()
         };
         FinalizerRelease::new(client, &guard_kind(), "guard", &scope, metrics)
     }

@@ -16,8 +16,6 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-use super::canary::{Canary, Version};
-use super::shadow::Verdict;
 use crate::plugin::{Plugin, SandboxMetrics};
 
 /// The state of one plugin file, as `/plugins` reports it.
@@ -141,6 +139,24 @@ struct WatchLabel {
     watch: String,
 }
 
+/// What a shadow made of one reconcile, as the metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShadowVerdict<'a> {
+    /// The same plan as the serving version's.
+    Agreed,
+    /// The first difference, in one line.
+    Diverged(&'a str),
+    /// Why the shadow failed where the serving version did not.
+    Failed(&'a str),
+}
+
+/// Something `/plugins` shows beside a plugin file, as JSON it renders when asked (a
+/// canary's phase and counts): the metrics hold it without knowing what it is.
+pub trait Report: Send + Sync {
+    /// Its state now.
+    fn report(&self) -> serde_json::Value;
+}
+
 /// The operator's metrics (a Prometheus registry), its health and its plugin files.
 pub struct Metrics {
     registry: Registry,
@@ -163,7 +179,7 @@ pub struct Metrics {
     /// The shadow of each serving file that has one, for `/plugins`.
     shadows: Mutex<BTreeMap<String, ShadowReport>>,
     /// The canary of each serving file whose shadow is one (`--canary`).
-    canaries: Mutex<BTreeMap<String, Arc<Canary>>>,
+    canaries: Mutex<BTreeMap<String, Arc<dyn Report>>>,
     ready: AtomicBool,
     /// Parts of the host that stopped and will not come back by themselves.
     failed: Mutex<BTreeMap<String, String>>,
@@ -475,7 +491,13 @@ impl Metrics {
 
     /// Records that `shadow` (its file and sha256) now shadows the serving `file`.
     /// With `canary`, the shadow serves a share of the parents (`--canary`).
-    pub fn set_shadow(&self, file: &str, shadow: &str, sha256: &str, canary: Option<Arc<Canary>>) {
+    pub fn set_shadow(
+        &self,
+        file: &str,
+        shadow: &str,
+        sha256: &str,
+        canary: Option<Arc<dyn Report>>,
+    ) {
         let mut canaries = self.canaries.lock().expect("metrics lock");
         match canary {
             Some(canary) => canaries.insert(file.to_string(), canary),
@@ -497,12 +519,19 @@ impl Metrics {
         self.shadows.lock().expect("metrics lock").remove(file);
     }
 
-    /// Counts the verdict of the shadow of `file` (serving `plugin`) on `parent`.
-    pub fn shadow_judged(&self, file: &str, plugin: &str, parent: &str, verdict: &Verdict) {
+    /// Counts the verdict of the shadow of `file` (serving `plugin`) on `parent`: agreed
+    /// (no difference), or the first difference (`diverged`) or why it failed (`failed`).
+    pub fn shadow_judged(
+        &self,
+        file: &str,
+        plugin: &str,
+        parent: &str,
+        verdict: ShadowVerdict<'_>,
+    ) {
         let result = match verdict {
-            Verdict::Agreed => "agreed",
-            Verdict::Diverged(_) => "diverged",
-            Verdict::Failed(_) => "failed",
+            ShadowVerdict::Agreed => "agreed",
+            ShadowVerdict::Diverged(_) => "diverged",
+            ShadowVerdict::Failed(_) => "failed",
         };
         self.shadow_reconciles
             .get_or_create(&PluginResult {
@@ -515,16 +544,16 @@ impl Metrics {
             return;
         };
         let difference = match verdict {
-            Verdict::Agreed => {
+            ShadowVerdict::Agreed => {
                 report.agreed += 1;
                 report.divergent.remove(parent);
                 return;
             }
-            Verdict::Diverged(first) => {
+            ShadowVerdict::Diverged(first) => {
                 report.diverged += 1;
-                first.clone()
+                first.to_string()
             }
-            Verdict::Failed(why) => {
+            ShadowVerdict::Failed(why) => {
                 report.failed += 1;
                 format!("fails: {why}")
             }
@@ -535,15 +564,12 @@ impl Metrics {
     }
 
     /// Counts a reconcile of `plugin` by `version` while a canary runs.
-    pub fn canary_reconciled(&self, plugin: &str, version: Version, failed: bool) {
+    /// `version` is the label of the version that reconciled: `serving` or `candidate`.
+    pub fn canary_reconciled(&self, plugin: &str, version: &str, failed: bool) {
         self.canary_reconciles
             .get_or_create(&CanaryLabel {
                 plugin: plugin.into(),
-                version: match version {
-                    Version::Serving => "serving",
-                    Version::Candidate => "candidate",
-                }
-                .into(),
+                version: version.into(),
                 result: if failed { "failed" } else { "ok" }.into(),
             })
             .inc();
@@ -585,7 +611,7 @@ impl Metrics {
                     value["shadow"] = serde_json::to_value(shadow).unwrap_or_default();
                 }
                 if let Some(canary) = canaries.get(&state.file) {
-                    value["canary"] = serde_json::to_value(canary.report()).unwrap_or_default();
+                    value["canary"] = canary.report();
                 }
                 value
             })

@@ -1,16 +1,19 @@
 //! `capstan run`: the operator host. It serves every plugin of a directory, one
 //! `kube::runtime::Controller` per plugin, and exposes health, metrics and plugin state.
 
-pub mod canary;
+#[cfg(test)]
+mod agreement_tests;
 mod children;
 mod cluster;
 mod controller;
+mod failure;
 #[cfg(test)]
 mod fake_api;
 mod fenced_client;
 mod finalizers;
 mod freshness;
 mod http;
+mod kinds;
 mod leader;
 mod membership;
 mod metrics;
@@ -21,7 +24,7 @@ pub mod preview;
 mod reconcile;
 mod registry;
 mod related;
-pub mod shadow;
+pub mod rollout;
 pub mod source;
 mod watch_client;
 pub mod webhook;
@@ -37,11 +40,10 @@ pub use controller::ControllerOptions;
 pub use fenced_client::{
     FenceLayer, FenceShut, Fenced, FencedStream, fenced_client, fenced_client_with_connections,
 };
-pub use finalizers::{FORCE_RELEASE_ANNOTATION, ForceRelease};
+pub use finalizers::{FINALIZER, FORCE_RELEASE_ANNOTATION, ForceRelease};
 pub use leader::{Deposed, LeaderElectionOptions, LeaseLock, WriteFence};
 pub use membership::ShardOptions;
 pub use metrics::{Metrics, PluginState};
-pub use reconcile::FINALIZER;
 pub use registry::{PendingReleases, PluginRegistry, RegistryOptions};
 pub use webhook::{Reach, WebhookOptions, Webhooks};
 

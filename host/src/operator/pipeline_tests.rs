@@ -14,20 +14,21 @@ use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
-use super::canary::{Canary, CanaryPolicy};
 use super::children::Feed;
 use super::cluster::{ChildKinds, ClusterWrites};
 use super::controller::{Caches, ControllerOptions, RunningController};
 use super::fake_api::{self, Call, Calls, Store};
+use super::finalizers::FINALIZER;
 use super::freshness::OwnWrites;
 use super::leader::WriteFence;
 use super::metrics::Metrics;
 use super::parent::CachedParent;
-use super::reconcile::{self, Context, FINALIZER, Tracked};
-use super::shadow::ShadowSlot;
+use super::reconcile::{self, Context, Tracked};
+use super::rollout::canary::{Canary, CanaryPolicy};
+use super::rollout::slot::ShadowSlot;
 use crate::plugin::{Plugin, Sandbox, SandboxConfig};
 
-const NS: &str = "ns";
+pub(super) const NS: &str = "ns";
 /// The file a scenario's plugin is served from, as `/plugins` names it.
 const SERVING_FILE: &str = "/plugins/serving.wasm";
 
@@ -44,7 +45,7 @@ fn load(name: &str) -> (Sandbox, Plugin) {
     load_file(capstan_e2e::operator::test_plugin(name))
 }
 
-fn load_file(file: PathBuf) -> (Sandbox, Plugin) {
+pub(super) fn load_file(file: PathBuf) -> (Sandbox, Plugin) {
     std::thread::spawn(move || load_here(&file))
         .join()
         .expect("the plugin loads")
@@ -66,12 +67,12 @@ fn load_here(file: &std::path::Path) -> (Sandbox, Plugin) {
 }
 
 /// One plugin's context against a fake API server, with caches fed by the test.
-struct Scenario {
-    store: Store,
-    calls: Calls,
+pub(super) struct Scenario {
+    pub(super) store: Store,
+    pub(super) calls: Calls,
     ctx: Arc<Context>,
     sandbox: Sandbox,
-    plugin: Plugin,
+    pub(super) plugin: Plugin,
     /// The caches of the child kinds, in the plugin's order, and the collections
     /// (paths) they show.
     feeds: Vec<(Feed, String)>,
@@ -79,7 +80,7 @@ struct Scenario {
     shown: HashMap<String, Value>,
     own_writes: Arc<OwnWrites>,
     /// The collection of the parent kind in [`NS`].
-    parents: String,
+    pub(super) parents: String,
     /// The shadow version's slot (empty unless a test fills it).
     shadow: ShadowSlot,
 }
@@ -91,7 +92,19 @@ impl Scenario {
 
     /// A scenario whose plugin also reads objects of its related kind (one), from
     /// `related`, a cache the test feeds.
-    fn with((sandbox, plugin): (Sandbox, Plugin), related: Option<&super::related::Feed>) -> Self {
+    pub(super) fn with(
+        (sandbox, plugin): (Sandbox, Plugin),
+        related: Option<&super::related::Feed>,
+    ) -> Self {
+        Self::configured((sandbox, plugin), related, |ctx| ctx)
+    }
+
+    /// [`Scenario::with`], its context changed by `configure` before it serves.
+    pub(super) fn configured(
+        (sandbox, plugin): (Sandbox, Plugin),
+        related: Option<&super::related::Feed>,
+        configure: impl FnOnce(Context) -> Context,
+    ) -> Self {
         let store = Store::new();
         let (client, calls) = store.client();
         let info = plugin.info().clone();
@@ -122,7 +135,7 @@ impl Scenario {
             ctx = ctx.with_related(vec![(feed.cache(), subscriber)]);
         }
         let shadow = ShadowSlot::new(std::path::Path::new(SERVING_FILE));
-        ctx = ctx.with_shadow(shadow.clone());
+        ctx = configure(ctx.with_shadow(shadow.clone()));
         let parents = fake_api::path(
             &info.parent.api_version(),
             &info.parent.plural,
@@ -156,7 +169,7 @@ impl Scenario {
 
     /// One reconcile of the parent at `path`, as the parent cache holds it now (the
     /// store's copy: the parent watch is taken to be current).
-    async fn reconcile(&self, path: &str) -> Action {
+    pub(super) async fn reconcile(&self, path: &str) -> Action {
         let parent = self.store.get(path).expect("the parent exists");
         let parent: DynamicObject = serde_json::from_value(parent).unwrap();
         let cached = Arc::new(CachedParent::new(parent));
@@ -233,7 +246,7 @@ impl Scenario {
     }
 
     /// A mark in the request log, for [`Scenario::writes_since`].
-    fn mark(&self) -> usize {
+    pub(super) fn mark(&self) -> usize {
         self.calls.all().len()
     }
 
@@ -887,12 +900,12 @@ async fn a_canary_that_fails_more_than_the_serving_version_is_rolled_back_and_sa
         SERVING_FILE,
         "/plugins/serving.next.wasm",
         candidate.sha256(),
-        Some(canary.clone()),
+        Some(canary.clone() as Arc<dyn super::metrics::Report>),
     );
     s.shadow.set(Some(candidate), Some(canary.clone()));
     let in_share: Vec<&String> = paths
         .iter()
-        .filter(|p| super::canary::in_share(&uid_of(&s, p), 50))
+        .filter(|p| super::rollout::canary::in_share(&uid_of(&s, p), 50))
         .collect();
     assert!(
         (10..=30).contains(&in_share.len()),
@@ -912,7 +925,7 @@ async fn a_canary_that_fails_more_than_the_serving_version_is_rolled_back_and_sa
     s.reconcile(in_share[4]).await;
     assert_eq!(canary.percent(), 0, "rolled back on the fifth");
     let report = canary.report();
-    let super::canary::Phase::RolledBack { reason } = &report.phase else {
+    let super::rollout::canary::Phase::RolledBack { reason } = &report.phase else {
         panic!("{report:?}");
     };
     assert!(reason.contains("(5 of 5)"), "{reason}");
@@ -990,7 +1003,7 @@ fn widget_store(
 ) {
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher;
-    let resource = super::cluster::api_resource(&serving.info().parent);
+    let resource = super::kinds::api_resource(&serving.info().parent);
     let kind = super::parent::ParentKind::new(resource.clone());
     let mut writer = Writer::new(kind.clone());
     let uids: Vec<String> = (0..n).map(|i| format!("uid-{i}")).collect();
@@ -1030,16 +1043,20 @@ async fn a_canary_rolled_back_before_the_driver_looked_still_sends_its_parents_b
     // Its first reconciles fail and roll it back at once, before any look.
     let served: Vec<&String> = uids
         .iter()
-        .filter(|u| super::canary::in_share(u, 50))
+        .filter(|u| super::rollout::canary::in_share(u, 50))
         .take(5)
         .collect();
     assert_eq!(served.len(), 5);
     for uid in &served {
-        canary.record(super::canary::Version::Candidate, uid, Some("refused"));
+        canary.record(
+            super::rollout::canary::Version::Candidate,
+            uid,
+            Some("refused"),
+        );
     }
     assert_eq!(canary.percent(), 0);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let driver = tokio::spawn(super::canary::drive(
+    let driver = tokio::spawn(super::rollout::driver::drive(
         slot.clone(),
         serving,
         store,
@@ -1068,7 +1085,7 @@ async fn a_canary_steps_up_on_its_schedule_and_each_step_reconciles_the_parents_
     let name_of = |uid: &str| format!("w-{}", uid.trim_start_matches("uid-"));
     let half: BTreeSet<String> = uids
         .iter()
-        .filter(|u| super::canary::in_share(u, 50))
+        .filter(|u| super::rollout::canary::in_share(u, 50))
         .map(|u| name_of(u))
         .collect();
     assert!(!half.is_empty() && half.len() < 20, "{half:?}");
@@ -1083,7 +1100,7 @@ async fn a_canary_steps_up_on_its_schedule_and_each_step_reconciles_the_parents_
     slot.set(Some(candidate), Some(canary.clone()));
     let metrics = Arc::new(Metrics::default());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let driver = tokio::spawn(super::canary::drive(
+    let driver = tokio::spawn(super::rollout::driver::drive(
         slot.clone(),
         serving,
         store,
@@ -1100,7 +1117,10 @@ async fn a_canary_steps_up_on_its_schedule_and_each_step_reconciles_the_parents_
     assert_eq!(canary.percent(), 100);
     // Past the last step: promoted, nobody moves.
     assert_eq!(sent(Duration::from_millis(500)).await, BTreeSet::new());
-    assert_eq!(canary.report().phase, super::canary::Phase::Promoted);
+    assert_eq!(
+        canary.report().phase,
+        super::rollout::canary::Phase::Promoted
+    );
     assert!(
         metrics
             .render()

@@ -2,7 +2,7 @@
 //! parent, without writing anything. The observed state is read the way `capstan run`'s
 //! caches hold it (the children a parent controls among the objects labelled
 //! `app.kubernetes.io/managed-by=capstan`, the related objects its `customize` selects);
-//! the plugin is called and its answer planned by the same code as a reconcile; each
+//! the plugin is called and its answer planned by the same engine as a reconcile; each
 //! child goes through the reconcile's own apply under the ownership rules as a dry run
 //! (`dryRun=All`), so the differences shown are the API server's, defaults and
 //! admission included; the children the answer drops are the ones a reconcile prunes.
@@ -14,13 +14,14 @@ use kube::{Client, ResourceExt};
 use serde_json::Value;
 
 use super::children::{controller_uid, with_type};
-use super::cluster::{ChildKinds, ChildOutcome, ClusterWrites, api_resource};
+use super::cluster::{ChildKinds, ChildOutcome, ClusterWrites};
+use super::kinds::api_resource;
 use super::leader::WriteFence;
 use crate::contract::{Observed, ObservedChild, RelatedObject};
 use crate::diff::{self, ChildChange, Outcome, ParentOutcome};
-use crate::plan::{self, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::plugin::Plugin;
-use crate::render;
+use crate::engine::{self, World};
+use crate::plan::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::plugin::{Pinned, Plugin};
 
 /// Why the cluster could not be read (a parent that fails is an [`Outcome::Failing`]).
 #[derive(Debug, thiserror::Error)]
@@ -36,10 +37,12 @@ pub struct ListError {
 /// What `plugin` would change for every parent of its kind (in `namespace`, or in all),
 /// in (namespace, name) order. Parents being deleted are left out: a reconcile tears
 /// them down instead. Nothing is written.
+/// `pinned`: every call's clock and random (none: the host's).
 pub async fn plan_live(
     client: &Client,
     plugin: &Plugin,
     namespace: Option<&str>,
+    pinned: Option<Pinned>,
 ) -> Result<Vec<ParentOutcome>, ListError> {
     let info = plugin.info();
     let list = |kind: &crate::contract::KindRef, labels: Option<&str>| {
@@ -97,8 +100,8 @@ pub async fn plan_live(
             Some(ns) => format!("{ns}/{}", parent.name_any()),
             None => parent.name_any(),
         };
-        let outcome = match plan_parent(plugin, &writes, &kinds, parent, &children, &related).await
-        {
+        let planned = plan_parent(plugin, &writes, &kinds, parent, &children, &related, pinned);
+        let outcome = match planned.await {
             Ok(outcome) => outcome,
             Err(why) => Outcome::Failing(why),
         };
@@ -119,6 +122,7 @@ async fn plan_parent(
     parent: &DynamicObject,
     children: &[Vec<DynamicObject>],
     related: &[RelatedObject],
+    pinned: Option<Pinned>,
 ) -> Result<Outcome, String> {
     let info = plugin.info();
     let uid = parent.metadata.uid.clone().unwrap_or_default();
@@ -145,22 +149,17 @@ async fn plan_parent(
             .collect(),
         related: Vec::new(),
     };
-    if !info.related.is_empty() {
-        let requests = plugin
-            .customize_async(&parent_json)
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("customize failed: {e}"))?;
-        observed.related = render::select_related(info, &parent_json, related, &requests)
-            .map_err(|e| e.to_string())?;
-    }
-    let desired = plugin
-        .reconcile_async(&observed)
+    observed.related = engine::observe::related(plugin, &parent_json, related, pinned)
         .await
         .map_err(|e| e.to_string())?
-        .map_err(|e| format!("reconcile failed: {e}"))?;
-    let planned = plan::plan(info, &parent_json, desired, &plan::now())
-        .map_err(|e| format!("plugin output refused: {e}"))?;
+        .objects;
+    let world = match pinned {
+        Some(pinned) => World::pinned(observed, pinned),
+        None => World::at_present(observed),
+    };
+    let planned = engine::decide(plugin, &world)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut changes = Vec::new();
     for child in &planned.children {
         let key = (child.kind_index, child.name.clone());

@@ -23,11 +23,12 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-use super::canary::{Canary, CanaryPolicy};
 use super::controller::{Caches, ControllerOptions, RunningController};
 use super::finalizers::{FinalizerRelease, kind_label};
+use super::metrics::Report;
 use super::metrics::{Metrics, PluginState};
-use super::shadow::{self, ShadowSlot};
+use super::rollout::canary::{Canary, CanaryPolicy};
+use super::rollout::slot::{self as shadow, ShadowSlot};
 use super::source::{Listed, PluginSource, Stamp, file_stamp};
 use super::webhook::Webhooks;
 use crate::contract::KindRef;
@@ -498,7 +499,7 @@ impl PluginRegistry {
             &path.display().to_string(),
             &label,
             plugin.sha256(),
-            Some(canary.clone()),
+            Some(canary.clone() as Arc<dyn Report>),
         );
         self.shadow_slot(path).set(Some(plugin), Some(canary));
         self.staged.insert(path.to_path_buf());
@@ -523,7 +524,7 @@ impl PluginRegistry {
                 self.staged.remove(&path);
                 continue;
             }
-            if canary.report().phase == super::canary::Phase::Promoted {
+            if canary.report().phase == super::rollout::canary::Phase::Promoted {
                 info!(file = %path.display(), sha256 = %plugin.sha256(), "the promoted candidate now serves the reference");
                 slot.set(None, None);
                 self.metrics.remove_shadow(&path.display().to_string());
@@ -633,7 +634,7 @@ impl PluginRegistry {
                         &file.display().to_string(),
                         &path.display().to_string(),
                         plugin.sha256(),
-                        canary.clone(),
+                        canary.clone().map(|c| c as Arc<dyn Report>),
                     );
                     slot.set(Some(plugin), canary);
                 }
@@ -875,7 +876,7 @@ impl PluginRegistry {
             self.client.clone(),
             kind,
             plugin,
-            &self.opts.controller,
+            &self.opts.controller.release_scope(),
             self.metrics.clone(),
         );
         let pending = self.opts.pending_releases.clone();
@@ -1292,7 +1293,11 @@ mod tests {
         assert_eq!(plugins[0]["canary"]["phase"], "stepping", "{plugins}");
         assert_eq!(plugins[0]["canary"]["file"], next.display().to_string());
         // Rolled back; a new file is a new candidate, from its first step.
-        canary.record(super::super::canary::Version::Candidate, "u", Some("x"));
+        canary.record(
+            super::super::rollout::canary::Version::Candidate,
+            "u",
+            Some("x"),
+        );
         assert_eq!(canary.percent(), 0);
         install(dir.path(), "widget.next.wasm", "widget");
         registry.scan().await;
@@ -1341,7 +1346,7 @@ mod tests {
         let guard = json!({
             "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
             "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "2",
-                         "finalizers": [super::super::reconcile::FINALIZER]},
+                         "finalizers": [super::super::finalizers::FINALIZER]},
         });
         let (client, calls) = fake_api::client(move |call: &fake_api::Call| {
             match (&call.method, call.path.as_str()) {
@@ -1397,7 +1402,7 @@ mod tests {
         let guard = json!({
             "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
             "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "2",
-                         "finalizers": [super::super::reconcile::FINALIZER]},
+                         "finalizers": [super::super::finalizers::FINALIZER]},
         });
         let (client, calls) = fake_api::client(move |call: &fake_api::Call| {
             match (&call.method, call.path.as_str()) {

@@ -27,7 +27,7 @@ use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::cluster::api_resource;
+use super::kinds::api_resource;
 use super::metrics::Metrics;
 use super::watch_client::watch_client;
 use crate::contract::{KindRef, Selector};

@@ -560,7 +560,7 @@ fn list_plugins(
         .list_blocking(dir)
         .unwrap_or_default()
         .into_iter()
-        .filter(|(p, _)| super::shadow::shadowed_by(p).is_none())
+        .filter(|(p, _)| super::rollout::slot::shadowed_by(p).is_none())
         .map(|(p, listed)| (p, listed.stamp))
         .collect()
 }

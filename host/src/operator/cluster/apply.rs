@@ -37,11 +37,6 @@ impl ChildKinds {
         }
     }
 
-    /// How many kinds are declared.
-    pub fn count(&self) -> usize {
-        self.kinds.len()
-    }
-
     /// The declared kind at `index`.
     pub fn kind(&self, index: usize) -> &KindRef {
         &self.kinds[index].0

@@ -12,6 +12,7 @@ mod events;
 mod fixtures;
 mod parent;
 mod prune;
+mod writer;
 
 use std::future::Future;
 use std::time::Duration;
@@ -20,9 +21,13 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::events::{Recorder, Reporter};
 
+#[cfg(test)]
+pub use apply::CREATE_ONLY;
 pub use apply::{ChildKinds, ChildOutcome, OwnershipConflict};
 pub use error::{Error, ErrorClass, Result};
+pub use writer::{Acted, Wave, Writer};
 
+use super::kinds::api_resource;
 use super::leader::WriteFence;
 use crate::contract::KindRef;
 use crate::plan;
@@ -50,17 +55,6 @@ async fn request<T>(
 
 fn is_status(e: &Error, code: u16) -> bool {
     e.code() == Some(code)
-}
-
-/// The `ApiResource` of a declared kind.
-pub fn api_resource(kind: &KindRef) -> ApiResource {
-    ApiResource {
-        group: kind.group.clone(),
-        version: kind.version.clone(),
-        api_version: kind.api_version(),
-        kind: kind.kind.clone(),
-        plural: kind.plural.clone(),
-    }
 }
 
 /// Cluster access for one plugin's reconciles.

@@ -14,19 +14,15 @@
 //! file that is still there from the first step.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use super::metrics::Metrics;
-use super::parent::{CachedParent, ParentKind};
-use super::shadow::ShadowSlot;
 use crate::contract::{KindRef, PluginInfo};
+use crate::operator::metrics::{Metrics, Report};
 use crate::plugin::Plugin;
 
 /// How a canary proceeds (`capstan run --canary …`).
@@ -97,6 +93,16 @@ pub enum Version {
     Serving,
     /// The candidate's (`NAME.next.wasm`).
     Candidate,
+}
+
+impl Version {
+    /// Its label in the metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Version::Serving => "serving",
+            Version::Candidate => "candidate",
+        }
+    }
 }
 
 /// Where a canary is.
@@ -273,6 +279,11 @@ impl Canary {
         };
     }
 
+    /// How long each step of its schedule lasts.
+    pub fn step_length(&self) -> Duration {
+        self.policy.step
+    }
+
     /// The share of parents the candidate serves now, in percent.
     pub fn percent(&self) -> u8 {
         let state = self.state();
@@ -415,6 +426,12 @@ impl Canary {
     }
 }
 
+impl Report for Canary {
+    fn report(&self) -> serde_json::Value {
+        serde_json::to_value(Canary::report(self)).unwrap_or_default()
+    }
+}
+
 /// A change of a canary's phase or step, for the log and the metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transition {
@@ -481,85 +498,6 @@ pub fn announce(metrics: &Metrics, plugin: &str, canary: &Canary, transition: &T
         }
     }
     metrics.canary_share(plugin, canary.percent());
-}
-
-/// How often the driver looks at the schedule (at most: a shorter step is looked at
-/// four times per step).
-const TICK: Duration = Duration::from_secs(1);
-
-/// Steps the canary of `slot` up on its schedule while the controller of `serving`
-/// runs, and reconciles at once every parent whose version changes by sending it to
-/// `trigger`: those a step moves into the share, and those the candidate served when it
-/// is rolled back, replaced or removed (also when that happened between two looks: the
-/// candidate's reconciles may roll it back before the driver ever saw it serve).
-pub async fn drive(
-    slot: ShadowSlot,
-    serving: Plugin,
-    parents: Store<CachedParent>,
-    kind: ParentKind,
-    trigger: tokio::sync::mpsc::UnboundedSender<ObjectRef<CachedParent>>,
-    metrics: Arc<Metrics>,
-) {
-    let plugin = serving.info().name.clone();
-    // The canary last looked at, and the share its parents were sent for.
-    let mut last: Option<(Arc<Canary>, u8)> = None;
-    // The parents sent back after the current canary's rollback.
-    let mut sent_back: HashSet<String> = HashSet::new();
-    loop {
-        let tick = slot
-            .canary()
-            .map_or(TICK, |(_, c)| TICK.min(c.policy.step / 4));
-        tokio::time::sleep(tick.max(Duration::from_millis(10))).await;
-        let current = slot.canary().map(|(candidate, canary)| {
-            canary.check(&serving, candidate.info());
-            if let Some(transition) = canary.advance(Instant::now()) {
-                announce(&metrics, &plugin, &canary, &transition);
-            }
-            metrics.canary_share(&plugin, canary.percent());
-            canary
-        });
-        let same = |a: &Arc<Canary>| current.as_ref().is_some_and(|c| Arc::ptr_eq(a, c));
-        // A candidate replaced or removed: what it served goes back.
-        let gone = last
-            .as_ref()
-            .filter(|(old, _)| !same(old))
-            .map(|(old, share)| (*share, old.served()));
-        if gone.is_some() {
-            sent_back.clear();
-            if current.is_none() {
-                metrics.canary_share(&plugin, 0);
-            }
-        }
-        let (before, after) = match (&current, &last) {
-            (Some(c), Some((old, share))) if Arc::ptr_eq(c, old) => (*share, c.percent()),
-            (Some(c), _) => (0, c.percent()),
-            (None, _) => (0, 0),
-        };
-        let rolled_back = current
-            .as_ref()
-            .filter(|c| c.rolled_back())
-            .map(|c| c.served())
-            .unwrap_or_default();
-        for parent in parents.state() {
-            let uid = parent.uid().unwrap_or_default();
-            let moved = in_share(&uid, before) != in_share(&uid, after)
-                || gone
-                    .as_ref()
-                    .is_some_and(|(share, served)| in_share(&uid, *share) || served.contains(&uid))
-                || (rolled_back.contains(&uid) && sent_back.insert(uid.clone()));
-            if moved
-                && trigger
-                    .send(ObjectRef::from_obj_with(&*parent, kind.clone()))
-                    .is_err()
-            {
-                return;
-            }
-        }
-        last = current.map(|c| {
-            let share = c.percent();
-            (c, share)
-        });
-    }
 }
 
 #[cfg(test)]
