@@ -236,7 +236,7 @@ pub struct Desired {
 }
 
 /// What `finalize` returned.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct FinalizeResult {
     /// Cleanup is complete.
     pub done: bool,

@@ -346,6 +346,66 @@ async fn children_are_written_before_the_status_and_an_unchanged_status_is_not_w
     assert_eq!(s.plugin_calls(), calls + 1, "the plugin was asked");
 }
 
+/// A native plugin (no wasm) whose answer names a child in another namespace.
+struct Escapes;
+
+impl crate::plugin::Native for Escapes {
+    fn describe(&self) -> crate::contract::PluginInfo {
+        let kind = |group: &str, kind: &str, plural: &str| crate::contract::KindRef {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced: true,
+        };
+        crate::contract::PluginInfo {
+            name: "escapes".into(),
+            version: "0.1.0".into(),
+            parent: kind("test.capstan.dev", "Widget", "widgets"),
+            children: vec![kind("", "ConfigMap", "configmaps")],
+            ..crate::contract::PluginInfo::default()
+        }
+    }
+
+    fn reconcile(
+        &self,
+        _observed: &crate::contract::Observed,
+    ) -> Result<crate::contract::Desired, crate::contract::PluginError> {
+        Ok(crate::contract::Desired {
+            children: vec![
+                json!({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": "loot", "namespace": "kube-system"}})
+                .to_string(),
+            ],
+            status: None,
+            conditions: Vec::new(),
+            events: Vec::new(),
+            requeue_after_seconds: None,
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_native_plugin_goes_through_the_same_rules_without_any_wasm() {
+    let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+    let s = Scenario::with((sandbox, Plugin::native(Escapes)), None);
+    let w = s.create("w", json!({}));
+    let mark = s.mark();
+    s.reconcile(&w).await;
+    assert_eq!(
+        s.writes_since(mark),
+        ["status widgets/w"],
+        "nothing but the refusal is written"
+    );
+    let ready = s.store.get(&w).unwrap()["status"]["conditions"][0].clone();
+    assert_eq!(ready["reason"], "InvalidPluginOutput", "{ready}");
+    assert!(
+        ready["message"].as_str().unwrap().contains("kube-system"),
+        "{ready}"
+    );
+    assert_eq!(s.store.event_reasons(), ["InvalidPluginOutput"]);
+}
+
 /// Converges a widget `name` with `count` ConfigMaps; the caches show them.
 async fn converged(s: &mut Scenario, name: &str, count: u32) -> String {
     let w = s.create(name, json!({"count": count, "message": "one"}));

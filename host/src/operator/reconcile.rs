@@ -650,7 +650,8 @@ impl Context {
     }
 }
 
-/// The finalize path against a fake API server, with the `guard` test plugin.
+/// The finalize path against a fake API server, with the `guard` test plugin as a
+/// native plugin: no wasm is built for these.
 #[cfg(test)]
 mod finalize_tests {
     use http::Method;
@@ -660,7 +661,8 @@ mod finalize_tests {
     use super::super::fake_api::{self, Call};
     use super::super::leader::WriteFence;
     use super::*;
-    use crate::plugin::{Sandbox, SandboxConfig};
+    use crate::contract::{Desired, FinalizeResult, PluginError, PluginInfo};
+    use crate::plugin::Native;
 
     /// A server with no ConfigMaps that accepts status writes and events.
     fn server(call: &Call) -> (u16, Value) {
@@ -682,15 +684,69 @@ mod finalize_tests {
         }
     }
 
+    /// The `guard` test plugin (tests/plugins/guard), natively: one ConfigMap, a
+    /// finalizer, and a `finalize` that refuses with `spec.refuse` or holds until
+    /// `spec.release`.
+    struct Guard;
+
+    impl Native for Guard {
+        fn describe(&self) -> PluginInfo {
+            PluginInfo {
+                name: "guard".into(),
+                version: "0.1.0".into(),
+                parent: KindRef {
+                    group: "test.capstan.dev".into(),
+                    version: "v1".into(),
+                    kind: "Guard".into(),
+                    plural: "guards".into(),
+                    namespaced: true,
+                },
+                children: vec![KindRef {
+                    group: String::new(),
+                    version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    plural: "configmaps".into(),
+                    namespaced: true,
+                }],
+                finalizer: true,
+                ..PluginInfo::default()
+            }
+        }
+
+        fn reconcile(&self, observed: &Observed) -> Result<Desired, PluginError> {
+            let name = observed.parent["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default();
+            Ok(Desired {
+                children: vec![
+                    json!({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": format!("{name}-guarded")}})
+                    .to_string(),
+                ],
+                status: Some(json!({"guarding": true}).to_string()),
+                conditions: Vec::new(),
+                events: Vec::new(),
+                requeue_after_seconds: None,
+            })
+        }
+
+        fn finalize(&self, observed: &Observed) -> Result<FinalizeResult, PluginError> {
+            let spec = &observed.parent["spec"];
+            if let Some(why) = spec["refuse"].as_str() {
+                return Err(PluginError::Invalid(why.into()));
+            }
+            Ok(FinalizeResult {
+                done: spec["release"] == true,
+                requeue_after_seconds: Some(2),
+                ..FinalizeResult::default()
+            })
+        }
+    }
+
     /// The context of the guard plugin, and the caches it reads (their watches stop
     /// when they are dropped).
     async fn context(client: kube::Client) -> (Arc<Context>, ChildCaches, Vec<KindWatch>) {
-        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
-        let path = capstan_e2e::operator::test_plugin("guard");
-        let plugin = tokio::task::spawn_blocking(move || sandbox.load_file_blocking(&path))
-            .await
-            .unwrap()
-            .unwrap();
+        let plugin = Plugin::native(Guard);
         let info = plugin.info().clone();
         let metrics = Arc::new(Metrics::default());
         let caches = ChildCaches::new(client.clone(), Some("ns".into()), None, metrics.clone());

@@ -35,9 +35,10 @@ use super::stats::Outcome;
 use super::{cache, cpu};
 use crate::contract::{Desired, FinalizeResult, Observed, PluginError, PluginInfo, RelatedRequest};
 
-/// A loaded, described plugin. Cheap to clone; every call runs in a fresh instance.
+/// A loaded, described component: the wasm implementation of a [`Plugin`]. Cheap to
+/// clone; every call runs in a fresh instance.
 #[derive(Clone)]
-pub struct Plugin {
+pub struct WasmPlugin {
     pub(super) inner: Arc<PluginInner>,
 }
 
@@ -48,7 +49,7 @@ pub(super) struct PluginInner {
     pub(super) sha256: String,
     pub(super) path: PathBuf,
     /// Set by a call that ran for an epoch tick or more: until then, its async calls go
-    /// straight to the sandbox's runtime (see [`Plugin::spawn`]).
+    /// straight to the sandbox's runtime (see [`WasmPlugin::spawn`]).
     pub(super) slow: SlowUntil,
     /// Keeps the compiled code's cache entry from eviction while the plugin is loaded.
     pub(super) _cache_entry: Option<cache::CacheEntry>,
@@ -83,9 +84,9 @@ impl SlowUntil {
     }
 }
 
-impl std::fmt::Debug for Plugin {
+impl std::fmt::Debug for WasmPlugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plugin")
+        f.debug_struct("WasmPlugin")
             .field("name", &self.inner.info.name)
             .field("path", &self.inner.path)
             .field("sha256", &self.inner.sha256)
@@ -93,7 +94,7 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
-impl Plugin {
+impl WasmPlugin {
     /// What the plugin declared.
     pub fn info(&self) -> &PluginInfo {
         &self.inner.info
@@ -160,16 +161,8 @@ impl Plugin {
     }
 
     /// Calls `customize` in a fresh instance, on the sandbox's runtime: which related
-    /// objects `parent` needs. A plugin that declares no related kind (every 0.1.0
-    /// plugin) needs none, and is not called.
-    pub async fn customize_async(
-        &self,
-        parent: &serde_json::Value,
-    ) -> Result<Result<Vec<RelatedRequest>, PluginError>, CallError> {
-        self.customize_pinned(parent, None).await
-    }
-
-    /// [`Plugin::customize_async`] with the call's clock and random `pinned`.
+    /// objects `parent` needs, the call's clock and random `pinned`. A plugin that
+    /// declares no related kind (every 0.1.0 plugin) needs none, and is not called.
     pub async fn customize_pinned(
         &self,
         parent: &serde_json::Value,
@@ -183,7 +176,7 @@ impl Plugin {
             .await
     }
 
-    /// [`Plugin::customize_async`] for a thread that runs no async code.
+    /// [`WasmPlugin::customize_pinned`] for a thread that runs no async code.
     pub fn customize_blocking(
         &self,
         parent: &serde_json::Value,
@@ -195,15 +188,8 @@ impl Plugin {
         self.blocking(|plugin| plugin.customize_call(parent, None))
     }
 
-    /// Calls `reconcile` in a fresh instance, on the sandbox's runtime.
-    pub async fn reconcile_async(
-        &self,
-        observed: &Observed,
-    ) -> Result<Result<Desired, PluginError>, CallError> {
-        self.reconcile_pinned(observed, None).await
-    }
-
-    /// [`Plugin::reconcile_async`] with the call's clock and random `pinned`.
+    /// Calls `reconcile` in a fresh instance, on the sandbox's runtime, the call's clock
+    /// and random `pinned`.
     pub async fn reconcile_pinned(
         &self,
         observed: &Observed,
@@ -214,15 +200,8 @@ impl Plugin {
             .await
     }
 
-    /// Calls `finalize` in a fresh instance, on the sandbox's runtime.
-    pub async fn finalize_async(
-        &self,
-        observed: &Observed,
-    ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
-        self.finalize_pinned(observed, None).await
-    }
-
-    /// [`Plugin::finalize_async`] with the call's clock and random `pinned`.
+    /// Calls `finalize` in a fresh instance, on the sandbox's runtime, the call's clock
+    /// and random `pinned`.
     pub async fn finalize_pinned(
         &self,
         observed: &Observed,
@@ -233,7 +212,7 @@ impl Plugin {
             .await
     }
 
-    /// [`Plugin::reconcile_async`] for a thread that runs no async code (the command
+    /// [`WasmPlugin::reconcile_pinned`] for a thread that runs no async code (the command
     /// line, tests): blocks it until the call is done.
     pub fn reconcile_blocking(
         &self,
@@ -243,7 +222,7 @@ impl Plugin {
         self.blocking(|plugin| plugin.reconcile_call(observed, None))
     }
 
-    /// [`Plugin::finalize_async`] for a thread that runs no async code.
+    /// [`WasmPlugin::finalize_pinned`] for a thread that runs no async code.
     pub fn finalize_blocking(
         &self,
         observed: &Observed,
@@ -268,7 +247,7 @@ impl Plugin {
         self.spawn(|plugin| plugin.validate_call(old, new)).await
     }
 
-    /// [`Plugin::validate_async`] for a thread that runs no async code.
+    /// [`WasmPlugin::validate_async`] for a thread that runs no async code.
     pub fn validate_blocking(
         &self,
         old: Option<&serde_json::Value>,
@@ -296,7 +275,7 @@ impl Plugin {
         self.spawn(|plugin| plugin.convert_call(object, to)).await
     }
 
-    /// [`Plugin::convert_async`] for a thread that runs no async code.
+    /// [`WasmPlugin::convert_async`] for a thread that runs no async code.
     pub fn convert_blocking(
         &self,
         object: &serde_json::Value,
@@ -347,8 +326,8 @@ impl Plugin {
         .await
     }
 
-    /// One `reconcile` call, its answer in the host's types; [`Plugin::spawn`] or
-    /// [`Plugin::blocking`] decides where it runs.
+    /// One `reconcile` call, its answer in the host's types; [`WasmPlugin::spawn`] or
+    /// [`WasmPlugin::blocking`] decides where it runs.
     async fn reconcile_call(
         self,
         observed: WitObserved,
@@ -458,7 +437,7 @@ impl Plugin {
     /// a tick or more, the plugin's calls start on the sandbox's runtime right away: a
     /// guest that burns CPU on every call, or on some calls among fast ones, costs the
     /// caller's threads a tick once in a while, not once per call.
-    async fn spawn<R, F>(&self, call: impl FnOnce(Plugin) -> F) -> Result<R, CallError>
+    async fn spawn<R, F>(&self, call: impl FnOnce(WasmPlugin) -> F) -> Result<R, CallError>
     where
         F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
         R: Send + 'static,
@@ -486,7 +465,7 @@ impl Plugin {
     /// call. On a thread of a runtime (an async task, `spawn_blocking`) that would panic
     /// ("cannot start a runtime from within a runtime"): the call runs on the sandbox's
     /// runtime instead and this thread waits for its answer.
-    fn blocking<R, F>(&self, call: impl FnOnce(Plugin) -> F) -> Result<R, CallError>
+    fn blocking<R, F>(&self, call: impl FnOnce(WasmPlugin) -> F) -> Result<R, CallError>
     where
         F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
         R: Send + 'static,

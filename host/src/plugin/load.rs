@@ -11,11 +11,12 @@ use wasmtime::component::Component;
 
 use super::bindings::{CONTRACT_VERSION, CONTRACT_VERSIONS, Pre, v0_1, v0_2};
 use super::cache;
-use super::call::Plugin;
+use super::call::WasmPlugin;
 use super::call::{PluginInner, SlowUntil};
 use super::engine::Sandbox;
 use super::error::LoadError;
 use super::error::one_line;
+use super::handle::Plugin;
 use super::limits::Limits;
 use super::limits::LimitsFile;
 use crate::contract::PluginInfo;
@@ -109,7 +110,7 @@ impl Sandbox {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "plugin".into());
-        let plugin = Plugin {
+        let plugin = WasmPlugin {
             inner: Arc::new(PluginInner {
                 info: placeholder_info(&file_name),
                 pre,
@@ -134,7 +135,7 @@ impl Sandbox {
         })?;
         // The describing call may still hold a clone of the placeholder for a moment.
         let inner = &plugin.inner;
-        Ok(Plugin {
+        Ok(Plugin::from_wasm(WasmPlugin {
             inner: Arc::new(PluginInner {
                 info,
                 pre: inner.pre.clone(),
@@ -148,7 +149,7 @@ impl Sandbox {
                     LimitsFile::default(),
                 ))),
             }),
-        })
+        }))
     }
 }
 

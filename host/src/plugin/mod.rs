@@ -21,15 +21,16 @@ mod call;
 mod cpu;
 mod engine;
 mod error;
+mod handle;
 pub mod limits;
 mod load;
 mod state;
 mod stats;
 
 pub use bindings::CONTRACT_VERSION;
-pub use call::Plugin;
 pub use engine::{DEFAULT_INSTANCES, Sandbox, SandboxConfig};
 pub use error::{CallError, LoadError, SandboxError};
+pub use handle::{Answer, Guest, Native, Plugin};
 pub use limits::{LimitsError, LimitsFile};
 pub use load::sha256_hex;
 pub use state::Pinned;
