@@ -984,6 +984,8 @@ fn run_operator(args: RunArgs) -> Result<()> {
                     concurrency,
                     shard: None,
                     force_release: ForceRelease::kinds(args.force_release_finalizers),
+                    // The Pod's name (the Deployment sets it from the downward API).
+                    instance: std::env::var("POD_NAME").ok(),
                     fence: if args.leader_elect || args.shards {
                         WriteFence::for_leader_election()
                     } else {

@@ -49,6 +49,8 @@ pub struct ControllerOptions {
     /// Parents being deleted that lose the host's finalizer without `finalize`
     /// (`--force-release-finalizers`, or annotated).
     pub force_release: ForceRelease,
+    /// This replica's name in the events it posts (the Pod's name in a cluster).
+    pub instance: Option<String>,
 }
 
 impl ControllerOptions {
@@ -59,6 +61,7 @@ impl ControllerOptions {
             shard: self.shard,
             fence: self.fence.clone(),
             force_release: self.force_release.clone(),
+            instance: self.instance.clone(),
         }
     }
 }
@@ -215,7 +218,8 @@ impl RunningController {
         let ctx = Arc::new(
             Context::new(
                 plugin.clone(),
-                ClusterWrites::new(client.clone(), &info.parent, &info.name, opts.fence.clone()),
+                ClusterWrites::new(client.clone(), &info.parent, &info.name, opts.fence.clone())
+                    .reporting_as(opts.instance.as_deref()),
                 children,
                 kind_caches,
                 own_writes,

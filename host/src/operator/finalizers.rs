@@ -137,6 +137,8 @@ pub struct ReleaseScope {
     pub fence: WriteFence,
     /// Parents being deleted that an administrator lets go without `finalize`.
     pub force_release: ForceRelease,
+    /// This replica's name in the events it posts.
+    pub instance: Option<String>,
 }
 
 /// The release of the host's finalizer from the parents of one kind whose plugin is gone.
@@ -183,7 +185,8 @@ impl FinalizerRelease {
             kind: kind.clone(),
             plugin: plugin.to_string(),
             parents,
-            writes: ClusterWrites::new(client, kind, plugin, scope.fence.clone()),
+            writes: ClusterWrites::new(client, kind, plugin, scope.fence.clone())
+                .reporting_as(scope.instance.as_deref()),
             shard,
             force: scope.force_release.clone(),
             metrics,

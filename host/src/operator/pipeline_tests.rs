@@ -736,6 +736,7 @@ async fn a_child_kind_is_watched_while_a_running_plugin_declares_it() {
         fence: WriteFence::default(),
         shard: None,
         force_release: Default::default(),
+        instance: None,
     };
     let (_widget_sandbox, widget) = load("widget"); // ConfigMap, Service
     let (_guard_sandbox, guard) = load("guard"); // ConfigMap

@@ -1157,6 +1157,7 @@ mod tests {
                     fence: WriteFence::default(),
                     shard: None,
                     force_release: ForceRelease::default(),
+                    instance: None,
                 },
                 pending_releases: PendingReleases::default(),
                 webhooks: None,

@@ -75,9 +75,10 @@ pub struct ClusterWrites {
 impl ClusterWrites {
     /// Cluster access for parents of kind `parent`, reconciled by `plugin`.
     pub fn new(client: Client, parent: &KindRef, plugin: &str, fence: WriteFence) -> Self {
+        // The events' reporting controller is the plugin's field manager.
         let reporter = Reporter {
-            controller: format!("capstan/{plugin}"),
-            instance: std::env::var("POD_NAME").ok(),
+            controller: plan::field_manager(plugin),
+            instance: None,
         };
         ClusterWrites {
             recorder: Recorder::new(client.clone(), reporter),
@@ -88,6 +89,17 @@ impl ClusterWrites {
             report_manager: plan::report_field_manager(plugin),
             fence,
         }
+    }
+
+    /// The same access, its events naming this replica `instance` as their reporting
+    /// instance (the Pod's name in a cluster).
+    pub fn reporting_as(mut self, instance: Option<&str>) -> Self {
+        let reporter = Reporter {
+            controller: self.manager.clone(),
+            instance: instance.map(String::from),
+        };
+        self.recorder = Recorder::new(self.client.clone(), reporter);
+        self
     }
 
     /// Runs one write request, only while the [`WriteFence`] is open.
