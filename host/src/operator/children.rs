@@ -17,7 +17,7 @@
 //! stops when the last controller that declares the kind stops.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use super::kinds::api_resource;
 use super::metrics::Metrics;
 use super::watch_client::watch_client;
+use super::watch_pool::{Hold, WatchPool};
 use crate::contract::KindRef;
 use crate::plan::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::shard::{Buckets, SHARD_BUCKET_LABEL, bucket_of};
@@ -51,63 +52,20 @@ pub struct ControllerRef {
 }
 
 /// Every cache of the host, by child kind. A kind's cache starts with the first
-/// [`KindWatch`] of it and stops with the last.
+/// [`KindWatch`] of it and stops with the last (one [`WatchPool`], as the related
+/// caches keep theirs).
 pub struct ChildCaches {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
     client: Client,
     namespace: Option<String>,
     /// With `--shards`: only the children of these buckets' parents.
     shard: Option<Buckets>,
     metrics: Arc<Metrics>,
-    /// The running caches, by `apiVersion/kind`.
-    kinds: Mutex<HashMap<String, Running>>,
-}
-
-/// A running cache: the task that feeds it from its watch, and how many
-/// [`KindWatch`]es of it live.
-struct Running {
-    cache: Arc<KindCache>,
-    task: JoinHandle<()>,
-    watches: usize,
+    pool: WatchPool<KindCache>,
 }
 
 /// A controller's hold on the cache of one child kind: the kind is watched while any
 /// of its `KindWatch`es lives.
-pub struct KindWatch {
-    cache: Arc<KindCache>,
-    key: String,
-    shared: Weak<Shared>,
-}
-
-impl KindWatch {
-    /// The cache. It keeps what it holds after the watch stops, but is no longer fed.
-    pub fn cache(&self) -> &Arc<KindCache> {
-        &self.cache
-    }
-}
-
-impl Drop for KindWatch {
-    fn drop(&mut self) {
-        let Some(shared) = self.shared.upgrade() else {
-            return;
-        };
-        let mut kinds = shared.kinds.lock().expect("caches lock");
-        let Some(running) = kinds.get_mut(&self.key) else {
-            return;
-        };
-        running.watches -= 1;
-        if running.watches == 0 {
-            // No controller declares the kind any more: a reload of the plugin that
-            // declared it starts a new watch (and lists the kind again).
-            running.task.abort();
-            kinds.remove(&self.key);
-            tracing::info!(kind = %self.key, "no plugin declares {}: its watch stopped", self.key);
-        }
-    }
-}
+pub type KindWatch = Hold<KindCache>;
 
 impl ChildCaches {
     /// No cache yet; `namespace` limits namespaced kinds to one namespace, `shard` the
@@ -119,74 +77,37 @@ impl ChildCaches {
         metrics: Arc<Metrics>,
     ) -> Self {
         ChildCaches {
-            shared: Arc::new(Shared {
-                client: watch_client(&client, None, metrics.watch_bytes("children")),
-                namespace,
-                shard,
-                metrics,
-                kinds: Mutex::new(HashMap::new()),
-            }),
+            client: watch_client(&client, None, metrics.watch_bytes("children")),
+            namespace,
+            shard,
+            metrics,
+            pool: WatchPool::new("child"),
         }
     }
 
     /// A hold on the cache of `kind`, whose watch starts if it is not running yet.
     pub fn watch(&self, kind: &KindRef) -> KindWatch {
         let key = format!("{}/{}", kind.api_version(), kind.kind);
-        let shared = &self.shared;
-        let mut kinds = shared.kinds.lock().expect("caches lock");
-        let running = kinds.entry(key.clone()).or_insert_with(|| {
-            let (cache, task) = KindCache::start(
-                &shared.client,
+        self.pool.hold(key, || {
+            KindCache::start(
+                &self.client,
                 kind,
-                shared.namespace.as_deref(),
-                shared.shard,
-                shared.metrics.clone(),
-            );
-            Running {
-                cache,
-                task,
-                watches: 0,
-            }
-        });
-        running.watches += 1;
-        KindWatch {
-            cache: running.cache.clone(),
-            key,
-            shared: Arc::downgrade(shared),
-        }
+                self.namespace.as_deref(),
+                self.shard,
+                self.metrics.clone(),
+            )
+        })
     }
 
     /// Whether every cache running completed its first list.
     pub fn all_synced(&self) -> bool {
-        self.shared
-            .kinds
-            .lock()
-            .expect("caches lock")
-            .values()
-            .all(|r| *r.cache.synced.borrow())
+        self.pool.all(|cache| *cache.synced.borrow())
     }
 
     /// The kinds watched now (`apiVersion/kind`), sorted.
     #[cfg(test)]
     pub(super) fn watched(&self) -> Vec<String> {
-        let mut kinds: Vec<String> = self
-            .shared
-            .kinds
-            .lock()
-            .expect("caches lock")
-            .keys()
-            .cloned()
-            .collect();
-        kinds.sort();
-        kinds
-    }
-}
-
-impl Drop for ChildCaches {
-    fn drop(&mut self) {
-        for running in self.shared.kinds.lock().expect("caches lock").values() {
-            running.task.abort();
-        }
+        self.pool.keys()
     }
 }
 

@@ -27,6 +27,7 @@ mod related;
 pub mod rollout;
 pub mod source;
 mod watch_client;
+mod watch_pool;
 pub mod webhook;
 
 use std::net::SocketAddr;

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use super::kinds::api_resource;
 use super::metrics::Metrics;
 use super::watch_client::watch_client;
+use super::watch_pool::{Hold, WatchPool};
 use crate::contract::{KindRef, Selector};
 
 /// (namespace, name) of an object.
@@ -45,38 +46,27 @@ pub struct Interested {
     pub parent: Key,
 }
 
-/// Every related cache of the host, by kind. A kind's cache starts with the first
-/// [`RelatedWatch`] of it and stops with the last.
+/// Every related cache of the host, by kind, in one [`WatchPool`]: a kind's cache
+/// starts with the first [`RelatedWatch`] of it and stops with the last.
 pub struct RelatedCaches {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
     client: Client,
     namespace: Option<String>,
     metrics: Arc<Metrics>,
-    kinds: Mutex<HashMap<String, Running>>,
-}
-
-struct Running {
-    cache: Arc<RelatedCache>,
-    task: JoinHandle<()>,
-    watches: usize,
+    pool: WatchPool<RelatedCache>,
 }
 
 /// A controller's hold on the cache of one related kind: the kind is watched while any
 /// of its `RelatedWatch`es lives. Dropping it forgets what its parents asked for.
 pub struct RelatedWatch {
-    cache: Arc<RelatedCache>,
+    /// Dropped after the subscription is ended ([`Drop`] runs before the fields').
+    hold: Hold<RelatedCache>,
     subscriber: u64,
-    key: String,
-    shared: Weak<Shared>,
 }
 
 impl RelatedWatch {
     /// The cache.
     pub fn cache(&self) -> &Arc<RelatedCache> {
-        &self.cache
+        self.hold.cache()
     }
 
     /// This controller's subscription to the cache.
@@ -87,20 +77,7 @@ impl RelatedWatch {
 
 impl Drop for RelatedWatch {
     fn drop(&mut self) {
-        self.cache.unsubscribe(self.subscriber);
-        let Some(shared) = self.shared.upgrade() else {
-            return;
-        };
-        let mut kinds = shared.kinds.lock().expect("related caches lock");
-        let Some(running) = kinds.get_mut(&self.key) else {
-            return;
-        };
-        running.watches -= 1;
-        if running.watches == 0 {
-            running.task.abort();
-            kinds.remove(&self.key);
-            tracing::info!(kind = %self.key, "no plugin declares {} related: its watch stopped", self.key);
-        }
+        self.hold.cache().unsubscribe(self.subscriber);
     }
 }
 
@@ -108,12 +85,10 @@ impl RelatedCaches {
     /// No cache yet; `namespace` limits namespaced kinds to one namespace.
     pub fn new(client: Client, namespace: Option<String>, metrics: Arc<Metrics>) -> Self {
         RelatedCaches {
-            shared: Arc::new(Shared {
-                client: watch_client(&client, None, metrics.watch_bytes("related")),
-                namespace,
-                metrics,
-                kinds: Mutex::new(HashMap::new()),
-            }),
+            client: watch_client(&client, None, metrics.watch_bytes("related")),
+            namespace,
+            metrics,
+            pool: WatchPool::new("related"),
         }
     }
 
@@ -122,43 +97,16 @@ impl RelatedCaches {
     /// `changes` when a related object changes.
     pub fn watch(&self, kind: &KindRef, changes: mpsc::UnboundedSender<Key>) -> RelatedWatch {
         let key = format!("{}/{}", kind.api_version(), kind.kind);
-        let shared = &self.shared;
-        let mut kinds = shared.kinds.lock().expect("related caches lock");
-        let running = kinds.entry(key.clone()).or_insert_with(|| {
-            let (cache, task) = RelatedCache::start(
-                &shared.client,
+        let hold = self.pool.hold(key, || {
+            RelatedCache::start(
+                &self.client,
                 kind,
-                shared.namespace.as_deref(),
-                shared.metrics.clone(),
-            );
-            Running {
-                cache,
-                task,
-                watches: 0,
-            }
+                self.namespace.as_deref(),
+                self.metrics.clone(),
+            )
         });
-        running.watches += 1;
-        let subscriber = running.cache.subscribe(changes);
-        RelatedWatch {
-            cache: running.cache.clone(),
-            subscriber,
-            key,
-            shared: Arc::downgrade(shared),
-        }
-    }
-}
-
-impl Drop for RelatedCaches {
-    fn drop(&mut self) {
-        for running in self
-            .shared
-            .kinds
-            .lock()
-            .expect("related caches lock")
-            .values()
-        {
-            running.task.abort();
-        }
+        let subscriber = hold.cache().subscribe(changes);
+        RelatedWatch { hold, subscriber }
     }
 }
 
