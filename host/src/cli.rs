@@ -1190,7 +1190,8 @@ mod tests {
             "https://h?x=1",
             "nonsense",
         ] {
-            assert!(check_url(bad).is_err(), "{bad}");
+            let err = check_url(bad).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("--webhook-url {bad:?}")), "{err}");
         }
     }
 

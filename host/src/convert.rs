@@ -142,7 +142,9 @@ mod tests {
         assert!(err.contains("/metadata/name"), "{err}");
         let err = check(&original, &good.to_string(), "db.example.com/v2").unwrap_err();
         assert!(err.contains("apiVersion"), "{err}");
-        assert!(check(&original, "[1]", "db.example.com/v1").is_err());
-        assert!(check(&original, "{", "db.example.com/v1").is_err());
+        let err = check(&original, "[1]", "db.example.com/v1").unwrap_err();
+        assert_eq!(err, "not a JSON object");
+        let err = check(&original, "{", "db.example.com/v1").unwrap_err();
+        assert!(err.starts_with("not JSON: "), "{err}");
     }
 }

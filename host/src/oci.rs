@@ -715,8 +715,10 @@ mod tests {
 
         let mut huge = good.clone();
         huge.layers[0].size = MAX_COMPONENT_BYTES + 1;
-        assert!(wasm_layer(&serde_json::to_vec(&huge).unwrap()).is_err());
-        assert!(wasm_layer(b"not json").is_err());
+        let err = wasm_layer(&serde_json::to_vec(&huge).unwrap()).unwrap_err();
+        assert!(err.contains("more than the"), "{err}");
+        let err = wasm_layer(b"not json").unwrap_err();
+        assert!(err.starts_with("its manifest does not parse"), "{err}");
     }
 
     #[test]

@@ -926,7 +926,8 @@ mod tests {
     fn names_and_reasons_follow_kubernetes_rules() {
         assert!(dns_subdomain("pg-0.example").is_ok());
         for bad in ["", "-a", "a-", "A", "a_b", &"a".repeat(254)] {
-            assert!(dns_subdomain(bad).is_err(), "{bad:?}");
+            let err = dns_subdomain(bad).unwrap_err();
+            assert!(err.starts_with("must "), "{bad:?}: {err}");
         }
         assert!(is_reason("MajorVersionChange"));
         assert!(!is_reason("has space"));
@@ -938,7 +939,8 @@ mod tests {
         assert!(plugin_info(&info()).is_ok());
         let mut bad = info();
         bad.name = "Not Valid".into();
-        assert!(plugin_info(&bad).is_err());
+        let err = plugin_info(&bad).unwrap_err().to_string();
+        assert!(err.contains("\"Not Valid\" must be 1-63"), "{err}");
         let mut cluster_child = info();
         cluster_child.children[0].namespaced = false;
         assert!(

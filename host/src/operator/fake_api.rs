@@ -637,7 +637,11 @@ mod tests {
         assert_eq!(api.list(&Default::default()).await.unwrap().items.len(), 1);
         // Faults answer instead of the store.
         store.inject(|c: &Call| (c.method == Method::GET).then(|| status(503, "Unavailable", "x")));
-        assert!(api.get("b").await.is_err());
+        let err = api.get("b").await.unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.code == 503),
+            "{err}"
+        );
         store.heal();
         assert!(api.get("b").await.is_ok());
         assert!(calls.all().len() > 10);

@@ -521,6 +521,7 @@ mod tests {
                 )),
             )
         });
-        assert!(probe_sharded_list(&client, "ns").await.is_err());
+        let err = probe_sharded_list(&client, "ns").await.unwrap_err();
+        assert!(matches!(err, Error::ShardingUnsupported), "{err}");
     }
 }

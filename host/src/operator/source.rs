@@ -318,7 +318,8 @@ mod tests {
 
         // Signed bytes, then the file changed: refused again.
         std::fs::write(&wasm, b"the plugin, changed").unwrap();
-        assert!(source.read(&wasm).await.is_err());
+        let err = source.read(&wasm).await.unwrap_err();
+        assert!(err.contains("does not verify"), "{err}");
         // Without a key, anything is read.
         assert!(self::source(None).read(&wasm).await.is_ok());
     }

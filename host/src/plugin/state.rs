@@ -375,7 +375,8 @@ mod tests {
         };
         assert!(cap.memory_growing(0, 1 << 20, None).unwrap());
         assert!(!cap.exceeded);
-        assert!(cap.memory_growing(1 << 20, 2 << 20, None).is_err());
+        let err = cap.memory_growing(1 << 20, 2 << 20, None).unwrap_err();
+        assert!(err.to_string().contains("memory cap"), "{err}");
         assert!(cap.exceeded);
     }
 }

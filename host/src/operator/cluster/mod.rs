@@ -153,8 +153,13 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::NotLeader { .. }), "{err}");
-        assert!(writes.write_status(&parent(), &json!({})).await.is_err());
-        assert!(writes.remove_finalizer(&parent(), "f").await.is_err());
+        let err = writes
+            .write_status(&parent(), &json!({}))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::NotLeader { .. }), "{err}");
+        let err = writes.remove_finalizer(&parent(), "f").await.unwrap_err();
+        assert!(matches!(err, Error::NotLeader { .. }), "{err}");
         writes.publish(&parent(), &plan::warning("X", "y")).await;
         assert!(calls.all().is_empty(), "{:?}", calls.summary());
     }
