@@ -11,6 +11,71 @@ pub mod project;
 pub mod samples;
 pub mod scaffold;
 
+/// Why `capstan new`, `build` or `test` could not do what was asked, in one line.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// What the author gave or the project holds is not usable; the message says what,
+    /// and how to fix it.
+    #[error("{0}")]
+    Invalid(String),
+    /// A file or directory could not be read or written, or a program started.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was done, and to which path.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pinned toolchain of the project's language could not be installed.
+    #[error("cannot install the toolchain: {0}")]
+    Toolchain(String),
+    /// A sample or its golden file could not be read or rendered.
+    #[error(transparent)]
+    Render(#[from] crate::render::RenderError),
+    /// A value could not be written as JSON or YAML (a bug in a template).
+    #[error("cannot serialize: {0}")]
+    Serialize(String),
+}
+
+/// A result of the author commands.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Returns an [`Error::Invalid`] made of the format arguments.
+macro_rules! invalid {
+    ($($arg:tt)*) => {
+        return Err($crate::author::Error::Invalid(format!($($arg)*)))
+    };
+}
+pub(crate) use invalid;
+
+/// An I/O result with what was being done attached.
+trait IoContext<T> {
+    /// `what` (made only on failure) names the action and its path.
+    fn doing(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn doing(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Io {
+            what: what(),
+            source,
+        })
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::Serialize(e.to_string())
+    }
+}
+
+impl From<serde_yaml_ng::Error> for Error {
+    fn from(e: serde_yaml_ng::Error) -> Self {
+        Error::Serialize(e.to_string())
+    }
+}
+
 /// The SDKs' version: the contract release the templates build for.
 pub const SDK_VERSION: &str = "0.2.0";
 

@@ -27,9 +27,9 @@ pub mod validate;
 
 /// An error chain as one line, without repeating itself: how every command reports a
 /// failure.
-pub fn one_line(err: &anyhow::Error) -> String {
+pub fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
-    for cause in err.chain() {
+    for cause in std::iter::successors(Some(err), |e| e.source()) {
         let text = cause.to_string().replace('\n', " ");
         if !parts.iter().any(|p| p.contains(&text)) {
             parts.push(text);

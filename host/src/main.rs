@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("capstan: {}", cli::one_line(&err));
+            eprintln!("capstan: {}", cli::one_line(&*err));
             ExitCode::from(failure)
         }
     }

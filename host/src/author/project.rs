@@ -20,10 +20,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-use super::Language;
+use super::{Error, IoContext, Language, Result, invalid};
 
 /// The manifest's file name.
 pub const MANIFEST: &str = "capstan.toml";
@@ -73,11 +72,11 @@ impl Project {
         let path = dir.join(MANIFEST);
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => invalid!(
                 "{} has no {MANIFEST}: not a plugin project (`capstan new` makes one)",
                 display(dir)
             ),
-            Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+            Err(e) => return Err(e).doing(|| format!("read {}", path.display())),
         };
         let manifest: Manifest = toml::from_str(&text).map_err(|e| {
             let message = e.message().trim().replace('\n', "; ");
@@ -85,8 +84,8 @@ impl Project {
                 .span()
                 .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
             match line {
-                Some(line) => anyhow::anyhow!("{}:{line}: {message}", path.display()),
-                None => anyhow::anyhow!("{}: {message}", path.display()),
+                Some(line) => Error::Invalid(format!("{}:{line}: {message}", path.display())),
+                None => Error::Invalid(format!("{}: {message}", path.display())),
             }
         })?;
         Ok(Project {
@@ -103,11 +102,12 @@ impl Project {
     /// The component, which must have been built.
     pub fn built_output(&self) -> Result<PathBuf> {
         let output = self.output();
-        anyhow::ensure!(
-            output.is_file(),
-            "{} is not built yet: run `capstan build` first",
-            display(&output)
-        );
+        if !output.is_file() {
+            invalid!(
+                "{} is not built yet: run `capstan build` first",
+                display(&output)
+            );
+        }
         Ok(output)
     }
 
@@ -124,16 +124,17 @@ impl Project {
             .stdin(Stdio::null())
             .stdout(stderr()?)
             .status()
-            .context("cannot start sh to run the build command")?;
+            .doing(|| "cannot start sh to run the build command".into())?;
         if !status.success() {
-            bail!("the build command failed ({status}): {command}");
+            invalid!("the build command failed ({status}): {command}");
         }
         let output = self.output();
-        anyhow::ensure!(
-            output.is_file(),
-            "the build command succeeded but wrote no {} (the `output` of {MANIFEST})",
-            display(&output)
-        );
+        if !output.is_file() {
+            invalid!(
+                "the build command succeeded but wrote no {} (the `output` of {MANIFEST})",
+                display(&output)
+            );
+        }
         Ok(output)
     }
 }
@@ -141,21 +142,33 @@ impl Project {
 /// `PATH` with the language's pinned tools first, installing them if needed.
 fn toolchain_path(language: Language, dir: &Path) -> Result<OsString> {
     let mut first = Vec::new();
+    let toolchain = |e| Error::Toolchain(format!("{e:#}"));
     match language {
-        Language::Rust => capstan_toolchain::rust::ensure_wasm_targets(dir)?,
-        Language::Python => first.push(capstan_toolchain::python::componentize_py()?.bin_dir()),
-        Language::Typescript => first.push(capstan_toolchain::js::install()?.bin_dir()),
+        Language::Rust => capstan_toolchain::rust::ensure_wasm_targets(dir).map_err(toolchain)?,
+        Language::Python => first.push(
+            capstan_toolchain::python::componentize_py()
+                .map_err(toolchain)?
+                .bin_dir(),
+        ),
+        Language::Typescript => first.push(
+            capstan_toolchain::js::install()
+                .map_err(toolchain)?
+                .bin_dir(),
+        ),
     }
     let rest = std::env::var_os("PATH").unwrap_or_default();
-    Ok(std::env::join_paths(
-        first.into_iter().chain(std::env::split_paths(&rest)),
-    )?)
+    std::env::join_paths(first.into_iter().chain(std::env::split_paths(&rest)))
+        .map_err(|e| Error::Invalid(format!("cannot put the toolchain on PATH: {e}")))
 }
 
 /// Our stderr, for the build's output: stdout is only the component's path.
 fn stderr() -> Result<Stdio> {
     use std::os::fd::AsFd;
-    Ok(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?))
+    let fd = std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .doing(|| "duplicate stderr for the build's output".into())?;
+    Ok(Stdio::from(fd))
 }
 
 /// A path as the user gave it (`.` for the current directory).

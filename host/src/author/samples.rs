@@ -15,7 +15,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use super::{IoContext, Result, invalid};
 use serde_json::{Value, json};
 
 use crate::plugin::Plugin;
@@ -51,11 +51,11 @@ pub struct Sample {
 
 /// The samples of a directory, by name.
 pub fn find(dir: &Path) -> Result<Vec<Sample>> {
-    let entries = std::fs::read_dir(dir)
-        .with_context(|| format!("no samples: cannot read {}", dir.display()))?;
+    let entries =
+        std::fs::read_dir(dir).doing(|| format!("no samples: cannot read {}", dir.display()))?;
     let mut samples = Vec::new();
     for entry in entries {
-        let path = entry?.path();
+        let path = entry.doing(|| format!("read {}", dir.display()))?.path();
         let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
             continue;
         };
@@ -75,11 +75,9 @@ pub fn find(dir: &Path) -> Result<Vec<Sample>> {
         });
     }
     samples.sort_by(|a, b| a.name.cmp(&b.name));
-    anyhow::ensure!(
-        !samples.is_empty(),
-        "no samples in {}: add a parent as NAME.yaml",
-        dir.display()
-    );
+    if samples.is_empty() {
+        invalid!("no samples in {}: add a parent as NAME.yaml", dir.display());
+    }
     Ok(samples)
 }
 
@@ -115,7 +113,7 @@ fn admission(plugin: &Plugin, sample: &Sample) -> Result<Value> {
     let verdict = match plugin.validate_blocking(old.as_ref(), &new) {
         Ok(Ok(warnings)) => json!({ "allowed": true, "warnings": warnings }),
         Ok(Err(refusal)) => json!({ "allowed": false, "refused": refusal }),
-        Err(e) => json!({ "error": crate::one_line(&anyhow::Error::from(e)) }),
+        Err(e) => json!({ "error": crate::one_line(&e) }),
     };
     Ok(verdict)
 }

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use super::{IoContext, Result, invalid};
 use serde_json::{Value, json};
 
 use super::project::MANIFEST;
@@ -55,7 +55,7 @@ pub fn create(parent: &Path, options: &NewOptions) -> Result<PathBuf> {
     }
     let dest = parent.join(&names.name);
     if dest.exists() {
-        bail!(
+        invalid!(
             "{} already exists: `capstan new` never writes over anything",
             dest.display()
         );
@@ -66,11 +66,11 @@ pub fn create(parent: &Path, options: &NewOptions) -> Result<PathBuf> {
         for (path, text) in &files {
             let path = tmp.join(path);
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
+                std::fs::create_dir_all(dir).doing(|| format!("create {}", dir.display()))?;
             }
-            std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+            std::fs::write(&path, text).doing(|| format!("write {}", path.display()))?;
         }
-        std::fs::rename(&tmp, &dest).with_context(|| format!("create {}", dest.display()))
+        std::fs::rename(&tmp, &dest).doing(|| format!("create {}", dest.display()))
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&tmp);
@@ -88,19 +88,19 @@ fn names(options: &NewOptions) -> Result<Names> {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
     if !name_ok {
-        bail!(
+        invalid!(
             "invalid name {name:?}: use 1 to 40 lower-case letters, digits and '-', starting with a letter (such as banner or my-app)"
         );
     }
     let ident = name.replace('-', "_");
     // Names the project's own files or its SDK already take.
     if ["capstan", "capstan_sdk", "app", "test", "tests", "crd"].contains(&ident.as_str()) {
-        bail!("invalid name {name:?}: it is taken by the SDK or the project's own files");
+        invalid!("invalid name {name:?}: it is taken by the SDK or the project's own files");
     }
     // A keyword is no crate name (cargo refuses it) and no module one (`from class
     // import …` does not parse).
     if KEYWORDS.contains(&ident.as_str()) {
-        bail!("invalid name {name:?}: it is a Rust or Python keyword");
+        invalid!("invalid name {name:?}: it is a Rust or Python keyword");
     }
     let kind = match &options.kind {
         Some(kind) => kind.clone(),
@@ -120,7 +120,7 @@ fn names(options: &NewOptions) -> Result<Names> {
         && kind.starts_with(|c: char| c.is_ascii_uppercase())
         && kind.chars().all(|c| c.is_ascii_alphanumeric());
     if !kind_ok {
-        bail!(
+        invalid!(
             "invalid kind {kind:?}: use CamelCase letters and digits, starting with an upper-case letter (such as Banner)"
         );
     }
@@ -133,19 +133,21 @@ fn names(options: &NewOptions) -> Result<Names> {
             && !l.ends_with('-')
     };
     if group.len() > 253 || !group.contains('.') || !group.split('.').all(label) {
-        bail!("invalid group {group:?}: use a lower-case DNS name with a dot, such as example.com");
+        invalid!(
+            "invalid group {group:?}: use a lower-case DNS name with a dot, such as example.com"
+        );
     }
     if ["k8s.io", "kubernetes.io"]
         .iter()
         .any(|g| group == g || group.ends_with(&format!(".{g}")))
     {
-        bail!(
+        invalid!(
             "invalid group {group:?}: groups under k8s.io and kubernetes.io are reserved for Kubernetes' own APIs"
         );
     }
     let version = &options.version;
     if !is_api_version(version) {
-        bail!("invalid version {version:?}: use v1, v2, v1beta1, v1alpha2 and the like");
+        invalid!("invalid version {version:?}: use v1, v2, v1beta1, v1alpha2 and the like");
     }
     let singular = kind.to_ascii_lowercase();
     Ok(Names {
@@ -211,7 +213,7 @@ fn plural_of(singular: &str) -> String {
 
 /// The `--sdks` directory, absolute (the project names it in its manifests).
 fn sdk_dir(dir: &Path) -> Result<PathBuf> {
-    std::fs::canonicalize(dir).with_context(|| format!("--sdks {}", dir.display()))
+    std::fs::canonicalize(dir).doing(|| format!("--sdks {}", dir.display()))
 }
 
 /// The package `--sdks` must hold for `language`, and where the project points.
@@ -230,7 +232,7 @@ fn check_sdk_package(dir: &Path, language: Language) -> Result<()> {
         _ => package.is_file(),
     };
     if !there {
-        bail!(
+        invalid!(
             "--sdks {}: no {} there (`cargo xtask sdks` writes the SDK packages into target/sdks)",
             dir.display(),
             package.file_name().unwrap_or_default().to_string_lossy()
@@ -431,7 +433,7 @@ fn files(n: &Names, language: Language, sdks: Option<&Path>) -> Result<Vec<(Stri
     for (path, text) in &out {
         if let Some(at) = text.find("{{") {
             let rest = &text[at..];
-            bail!(
+            invalid!(
                 "template {path}: unknown placeholder {}",
                 &rest[..rest.find("}}").map(|e| e + 2).unwrap_or(rest.len())]
             );
@@ -451,9 +453,9 @@ fn substitute(text: &str, vars: &[(&str, String)]) -> String {
 
 /// A path as a TOML basic string.
 fn toml_string(path: &Path) -> Result<String> {
-    let text = path
-        .to_str()
-        .with_context(|| format!("{} is not UTF-8", path.display()))?;
+    let Some(text) = path.to_str() else {
+        invalid!("{} is not UTF-8", path.display());
+    };
     Ok(serde_json::to_string(text)?)
 }
 
