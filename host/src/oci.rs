@@ -282,7 +282,7 @@ impl OciStore {
         if let Some(key) = &self.opts.verify_key {
             self.verify_signature(&by_digest, &digest, key).await?;
         }
-        let manifest_bytes = match self.cached("manifests", &digest) {
+        let manifest_bytes = match self.cached("manifests", &digest).await {
             Some(bytes) => bytes,
             None => {
                 let (bytes, _) = self
@@ -295,7 +295,7 @@ impl OciStore {
                     .await
                     .map_err(Self::registry_error(&by_digest))?;
                 self.check_digest(&bytes, &digest, &by_digest, "the manifest")?;
-                self.store("manifests", &digest, &bytes);
+                self.store("manifests", &digest, &bytes).await;
                 bytes.to_vec()
             }
         };
@@ -303,7 +303,7 @@ impl OciStore {
             reference: by_digest.whole(),
             reason,
         })?;
-        let bytes = match self.cached("blobs", &layer.digest) {
+        let bytes = match self.cached("blobs", &layer.digest).await {
             Some(bytes) => bytes,
             None => {
                 let mut bytes = Vec::with_capacity(usize::try_from(layer.size).unwrap_or(0));
@@ -312,7 +312,7 @@ impl OciStore {
                     .await
                     .map_err(Self::registry_error(&by_digest))?;
                 self.check_digest(&bytes, &layer.digest, &by_digest, "the component layer")?;
-                self.store("blobs", &layer.digest, &bytes);
+                self.store("blobs", &layer.digest, &bytes).await;
                 info!(reference = %reference.whole(), %digest, bytes = bytes.len(), "plugin pulled");
                 bytes
             }
@@ -422,11 +422,12 @@ impl OciStore {
     }
 
     /// The cached content of `digest`, if it is there and still hashes to it.
-    fn cached(&self, kind: &str, digest: &str) -> Option<Vec<u8>> {
-        let on_disk = self
-            .cache_path(kind, digest)
-            .and_then(|path| std::fs::read(path).ok())
-            .filter(|bytes| sha256_digest(bytes) == digest);
+    async fn cached(&self, kind: &str, digest: &str) -> Option<Vec<u8>> {
+        let on_disk = match self.cache_path(kind, digest) {
+            Some(path) => tokio::fs::read(path).await.ok(),
+            None => None,
+        }
+        .filter(|bytes| sha256_digest(bytes) == digest);
         on_disk.or_else(|| {
             let memory = self.memory.lock().expect("OCI memory cache lock");
             memory
@@ -438,8 +439,8 @@ impl OciStore {
 
     /// Keeps `bytes` as `digest`: in the cache directory, else (it cannot be written) in
     /// memory. A cache is worth downloads, never a plugin: its failure is a warning.
-    fn store(&self, kind: &str, digest: &str, bytes: &[u8]) {
-        if let Err(e) = self.write(kind, digest, bytes) {
+    async fn store(&self, kind: &str, digest: &str, bytes: &[u8]) {
+        if let Err(e) = self.write(kind, digest, bytes).await {
             tracing::warn!("{e}: kept in memory instead");
             let mut memory = self.memory.lock().expect("OCI memory cache lock");
             memory.retain(|(d, _)| d != digest);
@@ -451,7 +452,7 @@ impl OciStore {
     }
 
     /// Writes `bytes` as `digest` (aside, then renamed: a reader never sees half).
-    fn write(&self, kind: &str, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
+    async fn write(&self, kind: &str, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
         let Some(path) = self.cache_path(kind, digest) else {
             return Ok(());
         };
@@ -460,13 +461,14 @@ impl OciStore {
             source,
         };
         let dir = path.parent().expect("a cache file has a directory");
-        std::fs::create_dir_all(dir).map_err(err)?;
+        tokio::fs::create_dir_all(dir).await.map_err(err)?;
         let tmp = dir.join(format!(".{}.{}", std::process::id(), fastrand::u64(..)));
-        std::fs::write(&tmp, bytes).map_err(err)?;
-        std::fs::rename(&tmp, &path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            err(e)
-        })
+        tokio::fs::write(&tmp, bytes).await.map_err(err)?;
+        if let Err(e) = tokio::fs::rename(&tmp, &path).await {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(err(e));
+        }
+        Ok(())
     }
 
     /// Pushes `component` to `reference` (which names a tag) as a Wasm OCI artifact and,
@@ -721,23 +723,23 @@ mod tests {
         assert!(err.starts_with("its manifest does not parse"), "{err}");
     }
 
-    #[test]
-    fn the_cache_rehashes_what_it_reads() {
+    #[tokio::test]
+    async fn the_cache_rehashes_what_it_reads() {
         let dir = tempfile::tempdir().unwrap();
         let store = OciStore::new(OciOptions {
             cache: dir.path().to_path_buf(),
             ..Default::default()
         });
         let digest = sha256_digest(b"component");
-        store.store("blobs", &digest, b"component");
-        assert_eq!(store.cached("blobs", &digest).unwrap(), b"component");
+        store.store("blobs", &digest, b"component").await;
+        assert_eq!(store.cached("blobs", &digest).await.unwrap(), b"component");
         // A file changed on disk is a miss (fetched again), never served.
         std::fs::write(store.cache_path("blobs", &digest).unwrap(), b"tampered").unwrap();
-        assert!(store.cached("blobs", &digest).is_none());
+        assert!(store.cached("blobs", &digest).await.is_none());
     }
 
-    #[test]
-    fn a_cache_that_cannot_be_written_keeps_the_last_entries_in_memory() {
+    #[tokio::test]
+    async fn a_cache_that_cannot_be_written_keeps_the_last_entries_in_memory() {
         let dir = tempfile::tempdir().unwrap();
         // A file where the cache directory should be: nothing can be written under it.
         let file = dir.path().join("not-a-directory");
@@ -748,17 +750,18 @@ mod tests {
         });
         let contents: Vec<Vec<u8>> = (0..=MEMORY_ENTRIES).map(|i| vec![i as u8; 16]).collect();
         for bytes in &contents {
-            store.store("blobs", &sha256_digest(bytes), bytes);
+            store.store("blobs", &sha256_digest(bytes), bytes).await;
         }
         // The oldest went; the last ones are served from memory.
         assert!(
             store
                 .cached("blobs", &sha256_digest(&contents[0]))
+                .await
                 .is_none()
         );
         for bytes in &contents[1..] {
             assert_eq!(
-                store.cached("blobs", &sha256_digest(bytes)).as_ref(),
+                store.cached("blobs", &sha256_digest(bytes)).await.as_ref(),
                 Some(bytes)
             );
         }

@@ -483,13 +483,13 @@ impl PluginRegistry {
     /// Makes the new version of the reference `path` its canary candidate: it serves a
     /// share of the parents on the schedule, and the version serving stays until the
     /// candidate is promoted ([`PluginRegistry::promote_staged`]).
-    fn stage(&mut self, path: &Path, plugin: Plugin) {
+    async fn stage(&mut self, path: &Path, plugin: Plugin) {
         let policy = self
             .opts
             .canary
             .clone()
             .expect("staged only under --canary");
-        if let Ok(Some(limits)) = limits::read(path, self.sandbox.config()) {
+        if let Some(limits) = read_limits(path, self.sandbox.config()).await {
             plugin.set_limits(limits);
         }
         let label = format!("{} (new digest)", path.display());
@@ -615,7 +615,7 @@ impl PluginRegistry {
             self.staged.remove(&file);
             match loaded {
                 Ok(Ok(plugin)) => {
-                    if let Ok(Some(limits)) = limits::read(&file, self.sandbox.config()) {
+                    if let Some(limits) = read_limits(&file, self.sandbox.config()).await {
                         plugin.set_limits(limits);
                     }
                     let canary = self.opts.canary.clone().map(|policy| {
@@ -679,7 +679,9 @@ impl PluginRegistry {
         let mut started = BTreeSet::new();
         while let Some(done) = compiling.next().await {
             match done {
-                Ok((path, Ok(plugin))) if self.stages(&path, &plugin) => self.stage(&path, plugin),
+                Ok((path, Ok(plugin))) if self.stages(&path, &plugin) => {
+                    self.stage(&path, plugin).await
+                }
                 Ok((path, Ok(plugin))) if self.serves_already(&path, &plugin) => {
                     self.back_on_serving(&path).await
                 }
@@ -1036,6 +1038,21 @@ fn watch_dir(
 /// The plugin entries of `dir` and the `--plugin` references, sorted by name so that
 /// the first claiming a kind wins deterministically. The directory is read on a
 /// blocking thread: a slow volume must not hold a runtime worker.
+/// The limits file of the plugin `path`, if there is a valid one, read on a blocking
+/// thread (a slow volume must not hold a runtime worker). A bad one is reported when
+/// the serving version's limits are applied ([`PluginRegistry::apply_limits`]).
+async fn read_limits(
+    path: &Path,
+    config: &crate::plugin::SandboxConfig,
+) -> Option<limits::LimitsFile> {
+    let (path, config) = (path.to_path_buf(), config.clone());
+    tokio::task::spawn_blocking(move || limits::read(&path, &config))
+        .await
+        .ok()?
+        .ok()
+        .flatten()
+}
+
 async fn list(source: PluginSource, dir: PathBuf) -> Result<BTreeMap<PathBuf, Listed>> {
     tokio::task::spawn_blocking(move || {
         source
