@@ -1,4 +1,11 @@
-//! Command-line interface of the `capstan` binary.
+//! Command-line interface of the `capstan` binary: the clap schema and the dispatch
+//! here, each subcommand's body in a module of its own.
+
+mod author;
+mod distribute;
+mod offline;
+mod operator;
+mod plan;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -7,16 +14,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use capstan::oci::{OciOptions, OciStore};
+use capstan::oci::OciOptions;
 use capstan::operator::rollout::canary::CanaryPolicy;
-use capstan::operator::source::PluginSource;
-use capstan::operator::{
-    self, ControllerOptions, ForceRelease, LeaderElectionOptions, OperatorOptions, PendingReleases,
-    Reach, RegistryOptions, ShardOptions, WebhookOptions, WriteFence,
-};
+use capstan::operator::{Reach, WebhookOptions};
 use capstan::plugin::{Plugin, Sandbox, SandboxConfig, limits};
-use capstan::render;
-use capstan::signature::{SigningKey, VerifyKey};
+use capstan::signature::VerifyKey;
 
 /// Capstan: a Kubernetes operator host for sandboxed WebAssembly plugins.
 #[derive(Debug, Parser)]
@@ -462,7 +464,7 @@ impl WebhookArgs {
         opts.secret = self
             .webhook_secret
             .as_ref()
-            .map(|name| (own_namespace(), name.clone()));
+            .map(|name| (operator::own_namespace(), name.clone()));
         opts.namespace = namespace.map(String::from);
         opts.owner = self.webhook_owner_clusterrole.clone();
         Ok(opts)
@@ -474,7 +476,7 @@ fn parse_service(service: &str) -> Result<Reach> {
     let usage = || format!("--webhook-service {service:?} is not [NAMESPACE/]NAME[:PORT]");
     let (namespace, rest) = match service.split_once('/') {
         Some((namespace, rest)) => (namespace.to_string(), rest),
-        None => (own_namespace(), service),
+        None => (operator::own_namespace(), service),
     };
     let (name, port) = match rest.split_once(':') {
         Some((name, port)) => (name, port.parse().ok().with_context(usage)?),
@@ -568,10 +570,10 @@ pub fn init_tracing(cli: &Cli) {
     }
 }
 
-/// Runs the parsed command.
+/// Runs the parsed command: each subcommand's body is in the module named for it.
 pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Run(args) => run_operator(*args)?,
+        Command::Run(args) => operator::run(*args)?,
         Command::New {
             name,
             lang,
@@ -579,138 +581,68 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             version,
             kind,
             sdks,
-        } => {
-            let options = capstan::author::scaffold::NewOptions {
-                name,
-                language: lang,
-                group,
-                version,
-                kind,
-                sdks,
-            };
-            let dir = capstan::author::scaffold::create(Path::new("."), &options)?;
-            println!(
-                "created {}: `cd {0} && capstan build && capstan test`",
-                dir.display()
-            );
-        }
-        Command::Build { dir } => {
-            let project = capstan::author::project::Project::open(&dir)?;
-            let built = project.build()?;
-            println!("{}", built.display());
-        }
+        } => author::new(capstan::author::scaffold::NewOptions {
+            name,
+            language: lang,
+            group,
+            version,
+            kind,
+            sdks,
+        })?,
+        Command::Build { dir } => author::build(&dir)?,
         Command::Test {
             dir,
             update,
             sandbox,
-        } => return test_samples(&dir, update, &sandbox),
+        } => return author::test(&dir, update, &sandbox),
         Command::Render {
             plugin,
             parent,
             observed,
             related,
             sandbox,
-        } => {
-            let plugin = sandbox.load(&plugin)?;
-            let mut observed = render::read_observed(&plugin, &parent, observed.as_deref())?;
-            let existing = match &related {
-                Some(path) => render::read_related(plugin.info(), path)?,
-                None => Vec::new(),
-            };
-            render::customize(&plugin, &mut observed, &existing)?;
-            let rendered = render::render(&plugin, &observed, &capstan::plan::now())?;
-            print!("{}", serde_yaml_ng::to_string(&rendered)?);
-        }
+        } => offline::render(
+            &sandbox.load(&plugin)?,
+            &parent,
+            observed.as_deref(),
+            related.as_deref(),
+        )?,
         Command::Validate {
             plugin,
             old,
             new,
             sandbox,
-        } => {
-            let plugin = sandbox.load(&plugin)?;
-            let old = old.as_deref().map(render::read_one).transpose()?;
-            let new = render::read_one(&new)?;
-            anyhow::ensure!(
-                plugin.info().validation.is_some(),
-                "plugin {} does not validate (it does not declare validation)",
-                plugin.info().name
-            );
-            match plugin.validate_blocking(old.as_ref(), &new)? {
-                Ok(warnings) => {
-                    for warning in warnings {
-                        eprintln!("warning: {}", warning.replace('\n', " "));
-                    }
-                }
-                Err(refusal) => anyhow::bail!("refused: {refusal}"),
-            }
-        }
+        } => offline::validate(&sandbox.load(&plugin)?, old.as_deref(), &new)?,
         Command::Convert {
             plugin,
             object,
             to,
             sandbox,
-        } => {
-            let plugin = sandbox.load(&plugin)?;
-            let converted = capstan::convert::convert(&plugin, render::read_one(&object)?, &to)?;
-            print!("{}", serde_yaml_ng::to_string(&converted)?);
-        }
+        } => offline::convert(&sandbox.load(&plugin)?, &object, &to)?,
+        Command::Inspect { plugin, sandbox } => offline::inspect(&sandbox.load(&plugin)?)?,
+        Command::Crd { plugin, sandbox } => offline::crd(&sandbox.load(&plugin)?)?,
         Command::Rbac {
             plugins,
             name,
             install_crds,
             webhook_configuration,
             sandbox,
-        } => {
-            let sandbox = sandbox.sandbox()?;
-            let infos = wasm_files(&plugins)?
-                .iter()
-                .map(|f| Ok(sandbox.load_file_blocking(f)?.info().clone()))
-                .collect::<Result<Vec<_>>>()?;
-            let role =
-                capstan::rbac::cluster_role(&name, &infos, install_crds, &webhook_configuration);
-            print!("{}", serde_yaml_ng::to_string(&role)?);
-        }
-        Command::SeedPlugins { src, dst } => {
-            for file in wasm_files(&src)? {
-                let name = file.file_name().expect("a file name");
-                let tmp = dst.join(format!(".{}.tmp", name.to_string_lossy()));
-                std::fs::copy(&file, &tmp)
-                    .with_context(|| format!("cannot copy {}", file.display()))?;
-                std::fs::rename(&tmp, dst.join(name))?;
-                println!("{}", dst.join(name).display());
-            }
-        }
-        Command::Precompile { plugins, out } => precompile(&plugins, &out)?,
+        } => offline::rbac(
+            &sandbox.sandbox()?,
+            &plugins,
+            &name,
+            install_crds,
+            &webhook_configuration,
+        )?,
+        Command::SeedPlugins { src, dst } => distribute::seed_plugins(&src, &dst)?,
+        Command::Precompile { plugins, out } => distribute::precompile(&plugins, &out)?,
         Command::Push {
             plugin,
             reference,
             sign_key,
             registry_access,
-        } => push(&plugin, &reference, sign_key.as_deref(), &registry_access)?,
-        Command::Sign { plugin, key } => {
-            let key = SigningKey::from_pem_file(&key)?;
-            let bytes = std::fs::read(&plugin)
-                .with_context(|| format!("cannot read {}", plugin.display()))?;
-            let sig = capstan::signature::sig_file_of(&plugin);
-            std::fs::write(&sig, key.sign(&bytes))
-                .with_context(|| format!("cannot write {}", sig.display()))?;
-            println!("{}", sig.display());
-        }
-        Command::Inspect { plugin, sandbox } => {
-            let plugin = sandbox.load(&plugin)?;
-            let mut info = serde_json::to_value(plugin.info())?;
-            info["sha256"] = plugin.sha256().into();
-            info["crd"] = plugin.info().crd.is_some().into();
-            print!("{}", serde_yaml_ng::to_string(&info)?);
-        }
-        Command::Crd { plugin, sandbox } => {
-            let plugin = sandbox.load(&plugin)?;
-            let Some(crd) = &plugin.info().crd else {
-                anyhow::bail!("plugin {} ships no CRD", plugin.info().name);
-            };
-            let crd: serde_json::Value = serde_json::from_str(crd)?;
-            print!("{}", serde_yaml_ng::to_string(&crd)?);
-        }
+        } => distribute::push(&plugin, &reference, sign_key.as_deref(), &registry_access)?,
+        Command::Sign { plugin, key } => distribute::sign(&plugin, &key)?,
         Command::Plan {
             plugin,
             against,
@@ -725,41 +657,20 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let sandbox = sandbox.sandbox()?;
             let new = sandbox.load_file_blocking(&plugin)?;
-            let outcomes = match against {
-                Some(old) => {
-                    let old = sandbox.load_file_blocking(&old)?;
-                    plan_against(
-                        &new,
-                        &old,
-                        &parents,
-                        observed.as_deref(),
-                        related.as_deref(),
-                    )?
-                }
-                None => {
-                    let runtime = tokio::runtime::Runtime::new()?;
-                    runtime.block_on(async {
-                        let (client, _) =
-                            kube_client(kubeconfig.as_deref(), context, &identity()).await?;
-                        anyhow::Ok(
-                            capstan::operator::preview::plan_live(
-                                &client,
-                                &new,
-                                namespace.as_deref(),
-                                None,
-                            )
-                            .await?,
-                        )
-                    })?
-                }
+            let target = match against {
+                Some(old) => plan::Target::Files {
+                    old: sandbox.load_file_blocking(&old)?,
+                    parents,
+                    observed,
+                    related,
+                },
+                None => plan::Target::Live {
+                    namespace,
+                    kubeconfig,
+                    context,
+                },
             };
-            print!(
-                "{}",
-                capstan::diff::report(&new.info().parent.kind, &outcomes)
-            );
-            if capstan::diff::Summary::of(&outcomes).any() {
-                return Ok(ExitCode::from(1));
-            }
+            return plan::plan(&new, target);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -776,382 +687,7 @@ impl Cli {
     }
 }
 
-/// `capstan test`: every sample rendered and compared with its golden file (or written
-/// into it with `--update`); one line per sample, the differing fields under a failing
-/// one, then a summary. Exit 1 when a sample differs or has no golden file.
-fn test_samples(dir: &Path, update: bool, sandbox: &SandboxArgs) -> Result<ExitCode> {
-    use capstan::author::samples::{self, Verdict};
-    let project = capstan::author::project::Project::open(dir)?;
-    let plugin = sandbox.load(&project.built_output()?)?;
-    let found = samples::find(&project.dir.join("samples"))?;
-    let (mut failed, mut written) = (0, 0);
-    for sample in &found {
-        let rendered = samples::render_sample(&plugin, sample)?;
-        let golden = match std::fs::read_to_string(&sample.golden) {
-            Ok(text) => Some(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e).with_context(|| format!("read {}", sample.golden.display())),
-        };
-        let verdict = samples::compare(golden.as_deref(), &rendered);
-        let shown = sample.parent.display();
-        match (verdict, update) {
-            (Verdict::Same, _) => println!("ok      {shown}"),
-            (_, true) => {
-                std::fs::write(&sample.golden, &rendered)
-                    .with_context(|| format!("write {}", sample.golden.display()))?;
-                written += 1;
-                println!("updated {}", sample.golden.display());
-            }
-            (Verdict::NoGolden, false) => {
-                failed += 1;
-                println!(
-                    "FAILED  {shown}: no golden file {} (`capstan test --update` writes it)",
-                    sample.golden.display()
-                );
-            }
-            (Verdict::Differs(fields), false) => {
-                failed += 1;
-                println!(
-                    "FAILED  {shown}: differs from {} (golden -> rendered):",
-                    sample.golden.display()
-                );
-                print!("{fields}");
-            }
-        }
-    }
-    let total = found.len();
-    match (failed, written) {
-        (0, 0) => println!("{total} samples: all match their golden files"),
-        (0, n) => println!("{total} samples: {n} golden files written"),
-        (n, _) => {
-            println!(
-                "{total} samples: {n} failed (`capstan test --update` accepts what they render now)"
-            );
-            return Ok(ExitCode::from(1));
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `capstan plan --against`: both versions rendered on each parent of the files, with
-/// the observed children and related objects given, and their plans compared.
-fn plan_against(
-    new: &Plugin,
-    old: &Plugin,
-    parent_files: &[PathBuf],
-    observed: Option<&Path>,
-    related: Option<&Path>,
-) -> Result<Vec<capstan::diff::ParentOutcome>> {
-    let mut parents = Vec::new();
-    for path in parent_files {
-        for parent in render::read_objects(path)? {
-            parents.push((path.display().to_string(), parent));
-        }
-    }
-    let observed = match observed {
-        Some(path) => render::read_objects(path)?,
-        None => Vec::new(),
-    };
-    let only = parents.len() == 1;
-    let now = capstan::plan::now();
-    // Read once per version: their declared related kinds (and indexes) may differ. A
-    // file one version cannot read fails that version's render of every parent.
-    let existing = |plugin: &Plugin| -> Result<Vec<_>, String> {
-        match related {
-            Some(path) => render::read_related(plugin.info(), path).map_err(|e| e.to_string()),
-            None => Ok(Vec::new()),
-        }
-    };
-    let (old_existing, new_existing) = (existing(old), existing(new));
-    let mut out = Vec::new();
-    for (source, parent) in parents {
-        let name = |p: &str| parent.pointer(p).and_then(serde_json::Value::as_str);
-        let (ns, parent_name) = (
-            name("/metadata/namespace").unwrap_or("default"),
-            name("/metadata/name").unwrap_or(""),
-        );
-        let mine: Vec<serde_json::Value> = observed
-            .iter()
-            .filter(|child| only || render::controlled_by(child, &parent))
-            .cloned()
-            .collect();
-        // Each version renders with its own reading of the inputs: their declared
-        // kinds (and so the children's kind indexes) may differ.
-        let render_with = |plugin: &Plugin,
-                           existing: &Result<Vec<_>, String>|
-         -> Result<capstan::plan::Plan, String> {
-            let existing = existing.as_ref().map_err(String::clone)?;
-            let mut state = render::observed_for(plugin, parent.clone(), &source, mine.clone())
-                .map_err(|e| e.to_string())?;
-            render::customize(plugin, &mut state, existing).map_err(|e| e.to_string())?;
-            render::render(plugin, &state, &now)
-                .map(|r| r.plan)
-                .map_err(|e| e.to_string())
-        };
-        let (old_plan, new_plan) = (
-            render_with(old, &old_existing),
-            render_with(new, &new_existing),
-        );
-        let outcome = capstan::diff::compare_plans(
-            old_plan.as_ref().map_err(String::as_str),
-            new_plan.as_ref().map_err(String::as_str),
-        );
-        out.push(capstan::diff::ParentOutcome {
-            parent: format!("{ns}/{parent_name}"),
-            outcome,
-        });
-    }
-    Ok(out)
-}
-
-/// `capstan precompile`: loads every plugin of `plugins` with `out` as the compile
-/// cache, keeping each loaded until all are, so that none is evicted by the others.
-fn precompile(plugins: &Path, out: &Path) -> Result<()> {
-    let sandbox = Sandbox::new(SandboxConfig {
-        cache_dir: Some(out.to_path_buf()),
-        // As the other commands that load plugins: a plugin may run several core
-        // instances (the Python plugin does), the pool's bound is per instance.
-        instances: 4,
-        ..SandboxConfig::default()
-    })
-    .context("cannot set up the plugin sandbox")?;
-    let mut loaded = Vec::new();
-    for file in wasm_files(plugins)? {
-        let plugin = sandbox.load_file_blocking(&file)?;
-        println!("{} {}", plugin.sha256(), file.display());
-        loaded.push(plugin);
-    }
-    Ok(())
-}
-
-/// The `*.wasm` files of `dir`, sorted; none is an error.
-fn wasm_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read {}", dir.display()))?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
-    files.retain(|p| p.extension().is_some_and(|e| e == "wasm"));
-    files.sort();
-    anyhow::ensure!(!files.is_empty(), "no *.wasm plugin in {}", dir.display());
-    Ok(files)
-}
-
-fn run_operator(args: RunArgs) -> Result<()> {
-    let mut sandbox = args.sandbox;
-    let concurrency = args.concurrency.max(1);
-    let instances = *sandbox
-        .plugin_instances
-        .get_or_insert(16 * u32::from(concurrency));
-    // A plugin runs up to --concurrency calls at once; a pool smaller than that would
-    // let one plugin's calls take every slot from all the others.
-    anyhow::ensure!(
-        instances > u32::from(concurrency),
-        "--plugin-instances {instances} must be larger than --concurrency {concurrency}: one plugin's calls could take every instance slot"
-    );
-    let sandbox = sandbox.sandbox()?;
-    let webhooks = args.webhook.options(args.namespace.as_deref())?;
-    let canary = args.canary.policy()?;
-    let verify_key = args
-        .verify_key
-        .as_deref()
-        .map(VerifyKey::from_pem_file)
-        .transpose()?;
-    let source = PluginSource::new(
-        OciStore::new(args.registry_access.options(verify_key.clone())?),
-        verify_key,
-        args.plugin_references.clone(),
-        Duration::from_secs(args.oci_refresh_seconds.max(1)),
-    );
-    source.check_references()?;
-    let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(async {
-        let identity = identity();
-        let (client, config) =
-            kube_client(args.kubeconfig.as_deref(), args.context.clone(), &identity).await?;
-        let opts = OperatorOptions {
-            write_config: Some(config),
-            registry: RegistryOptions {
-                dir: args.plugins,
-                poll_interval: Duration::from_millis(args.poll_interval_ms.max(50)),
-                install_crds: args.install_crds,
-                pending_releases: PendingReleases::default(),
-                webhooks: None,
-                canary,
-                source,
-                controller: ControllerOptions {
-                    namespace: args.namespace,
-                    default_resync: Duration::from_secs(args.resync_seconds.max(1)),
-                    concurrency,
-                    shard: None,
-                    force_release: ForceRelease::kinds(args.force_release_finalizers),
-                    // The Pod's name (the Deployment sets it from the downward API).
-                    instance: std::env::var("POD_NAME").ok(),
-                    fence: if args.leader_elect || args.shards {
-                        WriteFence::for_leader_election()
-                    } else {
-                        WriteFence::default()
-                    },
-                },
-            },
-            metrics_addr: args.metrics_addr,
-            webhooks: Some(webhooks),
-            shards: args.shards.then(|| {
-                ShardOptions::new(
-                    &args
-                        .leader_election_namespace
-                        .clone()
-                        .unwrap_or_else(own_namespace),
-                    &args.shard_group,
-                    &identity,
-                    Duration::from_secs(args.lease_duration_seconds.max(1)),
-                )
-            }),
-            leader_election: args.leader_elect.then(|| {
-                LeaderElectionOptions::new(
-                    &args
-                        .leader_election_namespace
-                        .clone()
-                        .unwrap_or_else(own_namespace),
-                    &args.leader_election_id,
-                    &identity,
-                    Duration::from_secs(args.lease_duration_seconds.max(1)),
-                )
-            }),
-        };
-        Ok(operator::run(client, sandbox, opts, shutdown_signal()).await?)
-    })
-}
-
-/// The namespace this process runs in, for its Lease.
-fn own_namespace() -> String {
-    std::env::var("POD_NAMESPACE")
-        .ok()
-        .or_else(|| {
-            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok()
-        })
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "default".into())
-}
-
-/// This replica's name in leader election: the Pod's name, else host and PID.
-fn identity() -> String {
-    std::env::var("POD_NAME").unwrap_or_else(|_| {
-        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "localhost".into());
-        format!("{}-{}", host.trim(), std::process::id())
-    })
-}
-
-/// A client as kubectl would configure it, whose requests carry the user agent
-/// `capstan/<version> (<identity>)`: the API server's audit log then says which replica
-/// made each request.
-async fn kube_client(
-    kubeconfig: Option<&Path>,
-    context: Option<String>,
-    identity: &str,
-) -> Result<(kube::Client, kube::Config)> {
-    let options = kube::config::KubeConfigOptions {
-        context,
-        ..Default::default()
-    };
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &options).await?
-        }
-        None if options.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
-        None => kube::Config::infer()
-            .await
-            .context("no Kubernetes configuration found (set KUBECONFIG or --kubeconfig)")?,
-    };
-    let user_agent = format!("capstan/{} ({identity})", env!("CARGO_PKG_VERSION"));
-    config.headers.push((
-        "user-agent".parse()?,
-        user_agent
-            .parse()
-            .with_context(|| format!("{user_agent:?} is not a valid user agent"))?,
-    ));
-    let client = kube::Client::try_from(config.clone())?;
-    let version = reach_api_server(&client).await?;
-    tracing::info!(version = %version.git_version, "connected to the API server");
-    Ok((client, config))
-}
-
-/// How long `capstan run` keeps trying to reach the API server at start.
-const API_SERVER_WAIT: Duration = Duration::from_secs(60);
-
-/// The API server's version, asked again with backoff while it cannot be reached, for
-/// up to [`API_SERVER_WAIT`]: a host started while the control plane restarts (an
-/// upgrade, a node drain) waits for it instead of exiting into a crash loop.
-async fn reach_api_server(
-    client: &kube::Client,
-) -> Result<k8s_openapi::apimachinery::pkg::version::Info> {
-    let started = std::time::Instant::now();
-    let mut wait = Duration::from_millis(250);
-    loop {
-        match client.apiserver_version().await {
-            Ok(version) => return Ok(version),
-            Err(e) if started.elapsed() + wait < API_SERVER_WAIT => {
-                tracing::warn!("cannot reach the API server yet, retrying in {wait:?}: {e}");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!(
-                    "cannot reach the API server (tried for {}s)",
-                    started.elapsed().as_secs()
-                )));
-            }
-        }
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("install SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 pub use capstan::one_line;
-
-/// `capstan push`: the component to a tag (signed with a key), its digest printed.
-fn push(
-    plugin: &Path,
-    reference: &str,
-    sign_key: Option<&Path>,
-    access: &RegistryAccessArgs,
-) -> Result<()> {
-    let bytes =
-        std::fs::read(plugin).with_context(|| format!("cannot read {}", plugin.display()))?;
-    // A component's preamble: `\0asm`, then version 0x0d and layer 1.
-    anyhow::ensure!(
-        bytes.starts_with(b"\0asm\x0d\x00\x01\x00"),
-        "{} is not a WebAssembly component (a plugin is one: cargo component build, or \
-         cargo build --target wasm32-wasip2)",
-        plugin.display()
-    );
-    let parsed = capstan::oci::parse_reference(reference)?;
-    anyhow::ensure!(
-        parsed.digest().is_none(),
-        "{reference}: push to a tag; the digest is what the push prints"
-    );
-    let key = sign_key.map(SigningKey::from_pem_file).transpose()?;
-    let store = OciStore::new(access.options(None)?);
-    let runtime = tokio::runtime::Runtime::new()?;
-    let digest = runtime.block_on(store.push(&parsed, &bytes, key.as_ref()))?;
-    println!(
-        "{}{}/{}@{digest}",
-        capstan::oci::SCHEME,
-        parsed.registry(),
-        parsed.repository()
-    );
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests {
