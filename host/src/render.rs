@@ -107,7 +107,7 @@ pub fn customize(
     existing: &[RelatedObject],
 ) -> Result<Vec<RelatedRequest>, RenderError> {
     let selected = engine::blocking(engine::observe::related(
-        plugin,
+        &plugin.on_this_thread(),
         &observed.parent,
         existing,
         None,
@@ -243,7 +243,7 @@ pub fn render(plugin: &Plugin, observed: &Observed, now: &str) -> Result<Rendere
 
 /// [`render`] of a whole [`World`], its clock and random pinned if it pins them.
 pub fn render_world(plugin: &Plugin, world: &World) -> Result<Rendered, RenderError> {
-    let plan = engine::blocking(engine::decide(plugin, world))?;
+    let plan = engine::blocking(engine::decide(&plugin.on_this_thread(), world))?;
     Ok(Rendered { plan })
 }
 

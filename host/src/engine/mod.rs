@@ -22,8 +22,10 @@ pub use decide::{DecideError, decide, finalize};
 pub use observe::{ObserveError, RelatedSource, Selected, World};
 
 /// Runs an engine step to its end on this thread, for callers that run no async code
-/// (the command line, `capstan test`, tests). The plugin's calls still run under their
-/// deadline on the sandbox's runtime.
+/// (the command line, `capstan test`, tests). Give the step
+/// [`Plugin::on_this_thread`](crate::plugin::Plugin::on_this_thread) for the plugin's
+/// calls to run on this thread too, as the blocking calls do; they run under their
+/// deadline either way.
 pub fn blocking<F: std::future::Future>(step: F) -> F::Output {
     futures::executor::block_on(step)
 }

@@ -180,12 +180,13 @@ impl WasmPlugin {
     pub fn customize_blocking(
         &self,
         parent: &serde_json::Value,
+        pinned: Option<Pinned>,
     ) -> Result<Result<Vec<RelatedRequest>, PluginError>, CallError> {
         if self.inner.info.related.is_empty() {
             return Ok(Ok(Vec::new()));
         }
         let parent = parent.to_string();
-        self.blocking(|plugin| plugin.customize_call(parent, None))
+        self.blocking(|plugin| plugin.customize_call(parent, pinned))
     }
 
     /// Calls `reconcile` in a fresh instance, on the sandbox's runtime, the call's clock
@@ -217,18 +218,20 @@ impl WasmPlugin {
     pub fn reconcile_blocking(
         &self,
         observed: &Observed,
+        pinned: Option<Pinned>,
     ) -> Result<Result<Desired, PluginError>, CallError> {
         let observed = self.observed(observed);
-        self.blocking(|plugin| plugin.reconcile_call(observed, None))
+        self.blocking(|plugin| plugin.reconcile_call(observed, pinned))
     }
 
     /// [`WasmPlugin::finalize_pinned`] for a thread that runs no async code.
     pub fn finalize_blocking(
         &self,
         observed: &Observed,
+        pinned: Option<Pinned>,
     ) -> Result<Result<FinalizeResult, PluginError>, CallError> {
         let observed = self.observed(observed);
-        self.blocking(|plugin| plugin.finalize_call(observed, None))
+        self.blocking(|plugin| plugin.finalize_call(observed, pinned))
     }
 
     /// Calls `validate` in a fresh instance, on the sandbox's runtime: `Ok` with the

@@ -203,6 +203,8 @@ pub struct Plugin {
     /// The component, when the guest is one (the blocking calls and what only a
     /// component has go to it directly).
     wasm: Option<WasmPlugin>,
+    /// Whether its async calls are made as the blocking ones ([`Plugin::on_this_thread`]).
+    on_this_thread: bool,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -226,6 +228,7 @@ impl Plugin {
         Plugin {
             guest: Arc::new(wasm.clone()),
             wasm: Some(wasm),
+            on_this_thread: false,
         }
     }
 
@@ -235,7 +238,26 @@ impl Plugin {
         Plugin {
             guest: Arc::new(NativeGuest { info, native }),
             wasm: None,
+            on_this_thread: false,
         }
+    }
+
+    /// The same plugin, its `customize`, `reconcile` and `finalize` made as the blocking
+    /// calls are, whole on the calling thread, also when the async engine calls them:
+    /// for a thread that runs no async code and drives the engine with
+    /// [`crate::engine::blocking`] (the command line, `capstan test`). An async call
+    /// would move to the sandbox's runtime after its first epoch tick, whose threads
+    /// yield to the host's own work.
+    pub fn on_this_thread(&self) -> Plugin {
+        Plugin {
+            on_this_thread: true,
+            ..self.clone()
+        }
+    }
+
+    /// The component, when calls are to be made on this thread.
+    fn here(&self) -> Option<&WasmPlugin> {
+        self.wasm.as_ref().filter(|_| self.on_this_thread)
     }
 
     /// What the plugin declared.
@@ -299,13 +321,16 @@ impl Plugin {
         parent: &Value,
         pinned: Option<Pinned>,
     ) -> Answer<Vec<RelatedRequest>> {
-        self.guest.customize(parent, pinned).await
+        match self.here() {
+            Some(wasm) => wasm.customize_blocking(parent, pinned),
+            None => self.guest.customize(parent, pinned).await,
+        }
     }
 
     /// [`Plugin::customize_async`] for a thread that runs no async code.
     pub fn customize_blocking(&self, parent: &Value) -> Answer<Vec<RelatedRequest>> {
         match &self.wasm {
-            Some(wasm) => wasm.customize_blocking(parent),
+            Some(wasm) => wasm.customize_blocking(parent, None),
             None => futures::executor::block_on(self.guest.customize(parent, None)),
         }
     }
@@ -321,14 +346,17 @@ impl Plugin {
         observed: &Observed,
         pinned: Option<Pinned>,
     ) -> Answer<Desired> {
-        self.guest.reconcile(observed, pinned).await
+        match self.here() {
+            Some(wasm) => wasm.reconcile_blocking(observed, pinned),
+            None => self.guest.reconcile(observed, pinned).await,
+        }
     }
 
     /// [`Plugin::reconcile_async`] for a thread that runs no async code (the command
     /// line, tests): blocks it until the call is done.
     pub fn reconcile_blocking(&self, observed: &Observed) -> Answer<Desired> {
         match &self.wasm {
-            Some(wasm) => wasm.reconcile_blocking(observed),
+            Some(wasm) => wasm.reconcile_blocking(observed, None),
             None => futures::executor::block_on(self.guest.reconcile(observed, None)),
         }
     }
@@ -344,13 +372,16 @@ impl Plugin {
         observed: &Observed,
         pinned: Option<Pinned>,
     ) -> Answer<FinalizeResult> {
-        self.guest.finalize(observed, pinned).await
+        match self.here() {
+            Some(wasm) => wasm.finalize_blocking(observed, pinned),
+            None => self.guest.finalize(observed, pinned).await,
+        }
     }
 
     /// [`Plugin::finalize_async`] for a thread that runs no async code.
     pub fn finalize_blocking(&self, observed: &Observed) -> Answer<FinalizeResult> {
         match &self.wasm {
-            Some(wasm) => wasm.finalize_blocking(observed),
+            Some(wasm) => wasm.finalize_blocking(observed, None),
             None => futures::executor::block_on(self.guest.finalize(observed, None)),
         }
     }
