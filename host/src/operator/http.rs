@@ -16,7 +16,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 use super::metrics::Metrics;
 
@@ -37,32 +37,47 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves the endpoints until the task is dropped.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    let listener = &listener;
+    accept_tcp(&listener, "metrics", move |stream| {
+        serve_connection(stream, metrics.clone())
+    })
+    .await
+}
+
+/// Accepts connections on `listener` and serves each with `serve` on a task of its own
+/// (the metrics address, and the webhook's): the one accept loop of the host. `what`
+/// names the address in the log.
+pub async fn accept_tcp<F, Fut>(listener: &TcpListener, what: &str, serve: F)
+where
+    F: FnMut(TcpStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     accept_loop(
-        move || async move { listener.accept().await.map(|(stream, _)| stream) },
-        metrics,
+        || async move { listener.accept().await.map(|(stream, _)| stream) },
+        what,
         ACCEPT_BACKOFF,
+        serve,
     )
     .await
 }
 
 /// Accepts connections from `accept` and serves each on a task of its own; waits
 /// `backoff` after an accept error that is not one connection's.
-async fn accept_loop<S, F, Fut>(mut accept: F, metrics: Arc<Metrics>, backoff: Duration)
+async fn accept_loop<S, A, AFut, F, Fut>(mut accept: A, what: &str, backoff: Duration, mut serve: F)
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    F: FnMut() -> Fut,
-    Fut: Future<Output = std::io::Result<S>>,
+    A: FnMut() -> AFut,
+    AFut: Future<Output = std::io::Result<S>>,
+    F: FnMut(S) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
 {
     loop {
         match accept().await {
             Ok(stream) => {
-                tokio::spawn(serve_connection(stream, metrics.clone()));
+                tokio::spawn(serve(stream));
             }
             // One client's connection went away before it was accepted: take the next.
             Err(e) if is_connection_error(&e) => {}
             Err(e) => {
-                tracing::warn!("cannot accept a connection on the metrics address: {e}");
+                tracing::warn!("cannot accept a connection on the {what} address: {e}");
                 tokio::time::sleep(backoff).await;
             }
         }
@@ -249,7 +264,10 @@ mod tests {
                 Err::<TcpStream, _>(std::io::Error::other("too many open files"))
             }
         };
-        let server = tokio::spawn(accept_loop(accept, Arc::new(Metrics::default()), backoff));
+        let metrics = Arc::new(Metrics::default());
+        let server = tokio::spawn(accept_loop(accept, "metrics", backoff, move |stream| {
+            serve_connection(stream, metrics.clone())
+        }));
         while attempts.lock().unwrap().len() < 5 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

@@ -733,26 +733,11 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECTION_LIMIT: Duration = Duration::from_secs(300);
 /// The largest request body: a ConversionReview of a large list.
 const MAX_BODY: usize = 64 << 20;
-/// How long to wait after an accept error that is not one connection's.
-const ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
-
 async fn serve(listener: TcpListener, acceptor: TlsAcceptor, served: Served) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(connection(stream, acceptor.clone(), served.clone()));
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
-                ) => {}
-            Err(e) => {
-                warn!("cannot accept a connection on the webhook address: {e}");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-            }
-        }
-    }
+    super::http::accept_tcp(&listener, "webhook", move |stream| {
+        connection(stream, acceptor.clone(), served.clone())
+    })
+    .await
 }
 
 async fn connection(stream: tokio::net::TcpStream, acceptor: TlsAcceptor, served: Served) {
