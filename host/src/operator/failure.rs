@@ -153,7 +153,7 @@ impl Backoff {
             .or_insert((0, Instant::now()));
         *n = n.saturating_add(1);
         *last = Instant::now();
-        let base = Duration::from_secs(1u64 << (*n - 1).min(8)).min(MAX_BACKOFF);
+        let base = super::retry::nth(*n, Duration::from_secs(1), MAX_BACKOFF);
         base.mul_f64(0.5 + random_fraction() * 0.5)
     }
 

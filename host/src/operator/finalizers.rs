@@ -14,7 +14,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
@@ -307,12 +306,7 @@ impl FinalizerRelease {
 
 /// `min`, twice that, four times … up to `max`, with jitter, for as long as it takes.
 fn retry_delays((min, max): (Duration, Duration)) -> impl Iterator<Item = Duration> {
-    ExponentialBuilder::default()
-        .with_min_delay(min)
-        .with_max_delay(max)
-        .with_jitter()
-        .without_max_times()
-        .build()
+    super::retry::delays(min, max, true)
 }
 
 #[cfg(test)]

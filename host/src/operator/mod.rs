@@ -24,6 +24,7 @@ pub mod preview;
 mod reconcile;
 mod registry;
 mod related;
+mod retry;
 pub mod rollout;
 pub mod source;
 mod watch_client;

@@ -993,7 +993,7 @@ impl PluginRegistry {
         self.failed(path, message);
         let state = self.files.get_mut(path).expect("state exists");
         let attempts = state.retry.map_or(0, |(_, n)| n) + 1;
-        let wait = Duration::from_secs(1u64 << (attempts - 1).min(6)).min(MAX_RETRY);
+        let wait = super::retry::nth(attempts, Duration::from_secs(1), MAX_RETRY);
         state.retry = Some((Instant::now() + wait, attempts));
     }
 
