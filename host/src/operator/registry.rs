@@ -29,7 +29,7 @@ use super::metrics::Report;
 use super::metrics::{Metrics, PluginState};
 use super::rollout::canary::{Canary, CanaryPolicy};
 use super::rollout::slot::{self as shadow, ShadowSlot};
-use super::source::{Listed, PluginSource, Stamp, file_stamp};
+use super::source::{ListError, Listed, PluginSource, Stamp, file_stamp};
 use super::webhook::Webhooks;
 use crate::contract::KindRef;
 use crate::plan::HOST_FIELD_MANAGER;
@@ -39,17 +39,8 @@ use crate::plugin::{LoadError, Plugin, Sandbox, limits, sha256_hex};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The plugin directory could not be listed.
-    #[error("cannot read the plugin directory {}: {source}", dir.display())]
-    ReadDir {
-        /// The directory.
-        dir: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The blocking task that lists the directory did not complete (it panicked).
-    #[error("the scan of the plugin directory did not complete: {0}")]
-    ScanAborted(#[source] tokio::task::JoinError),
+    #[error(transparent)]
+    List(#[from] ListError),
     /// The file is not a plugin this host can load (not a component, another contract,
     /// does not compile or describe itself).
     #[error(transparent)]
@@ -1054,13 +1045,7 @@ async fn read_limits(
 }
 
 async fn list(source: PluginSource, dir: PathBuf) -> Result<BTreeMap<PathBuf, Listed>> {
-    tokio::task::spawn_blocking(move || {
-        source
-            .list_blocking(&dir)
-            .map_err(|source| Error::ReadDir { dir, source })
-    })
-    .await
-    .map_err(Error::ScanAborted)?
+    Ok(source.list(&dir).await?)
 }
 
 /// Why a plugin that converts is not served by a host without a webhook.

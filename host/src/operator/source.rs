@@ -27,6 +27,23 @@ use crate::signature::{VerifyKey, sig_file_of};
 /// The extension of an OCI reference file.
 pub const REFERENCE_EXTENSION: &str = "oci";
 
+/// Why the plugin entries could not be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    /// The plugin directory could not be read.
+    #[error("cannot read the plugin directory {}: {source}", dir.display())]
+    ReadDir {
+        /// The directory.
+        dir: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The listing's task did not complete.
+    #[error("the scan of the plugin directory did not complete: {0}")]
+    Aborted(#[source] tokio::task::JoinError),
+}
+
 /// Where plugins come from, and the key they must be signed with.
 #[derive(Clone)]
 pub struct PluginSource {
@@ -122,6 +139,19 @@ impl PluginSource {
             oci::parse_reference(reference)?;
         }
         Ok(())
+    }
+
+    /// [`PluginSource::list_blocking`] on a blocking thread (a slow volume must not hold
+    /// a runtime worker): what the registry and a standby's webhook both list.
+    pub async fn list(&self, dir: &Path) -> Result<BTreeMap<PathBuf, Listed>, ListError> {
+        let (source, dir) = (self.clone(), dir.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            source
+                .list_blocking(&dir)
+                .map_err(|source| ListError::ReadDir { dir, source })
+        })
+        .await
+        .map_err(ListError::Aborted)?
     }
 
     /// Every plugin entry: the `*.wasm` and `*.oci` files of `dir` (following symlinks),

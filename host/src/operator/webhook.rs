@@ -321,7 +321,7 @@ impl Webhooks {
         let mut seen: BTreeMap<PathBuf, (super::source::Stamp, Instant)> = BTreeMap::new();
         loop {
             let mut served_all = true;
-            let listed = list_plugins(&source, &dir);
+            let listed = list_plugins(&source, &dir).await;
             for gone in seen
                 .keys()
                 .filter(|p| !listed.contains_key(*p))
@@ -552,13 +552,18 @@ impl Webhooks {
 /// The plugin entries of `dir` and the `--plugin` references with their stamps, less
 /// the shadow versions (never served: they only answer beside a reconcile); empty when
 /// the directory cannot be read.
-fn list_plugins(
+async fn list_plugins(
     source: &super::source::PluginSource,
     dir: &Path,
 ) -> BTreeMap<PathBuf, super::source::Stamp> {
-    source
-        .list_blocking(dir)
-        .unwrap_or_default()
+    let listed = match source.list(dir).await {
+        Ok(listed) => listed,
+        Err(e) => {
+            warn!("standby webhook: cannot list {}: {e}", dir.display());
+            BTreeMap::new()
+        }
+    };
+    listed
         .into_iter()
         .filter(|(p, _)| super::rollout::slot::shadowed_by(p).is_none())
         .map(|(p, listed)| (p, listed.stamp))
