@@ -11,7 +11,7 @@ use crate::contract::{
 };
 use crate::engine::{self, DecideError, ObserveError, World};
 use crate::plan::Plan;
-use crate::plugin::{CallError, Plugin};
+use crate::plugin::{CallError, Pinned, Plugin};
 use crate::validate::Violation;
 
 /// Why a render did not produce a plan.
@@ -106,11 +106,21 @@ pub fn customize(
     observed: &mut Observed,
     existing: &[RelatedObject],
 ) -> Result<Vec<RelatedRequest>, RenderError> {
+    customize_pinned(plugin, observed, existing, None)
+}
+
+/// [`customize`] with the call's clock and random `pinned`.
+pub fn customize_pinned(
+    plugin: &Plugin,
+    observed: &mut Observed,
+    existing: &[RelatedObject],
+    pinned: Option<Pinned>,
+) -> Result<Vec<RelatedRequest>, RenderError> {
     let selected = engine::blocking(engine::observe::related(
         &plugin.on_this_thread(),
         &observed.parent,
         existing,
-        None,
+        pinned,
     ))?;
     observed.related = selected.objects;
     Ok(selected.requests)

@@ -153,6 +153,17 @@ fn the_same_version_changes_nothing_and_exits_zero() {
     assert_eq!(out, "1 parents: 1 unchanged, 0 changed, 0 failing\n");
 }
 
+/// A parent that has nothing yet: each version draws the Secret's password and stamps
+/// since when the primary is not ready. Both versions read the same pinned clock and
+/// random bytes, so the plan shows no change that is only the draw or the clock.
+#[test]
+fn a_new_parent_planned_against_the_same_version_changes_nothing() {
+    let shipped = plugin("postgresql");
+    let (code, out, err) = plan_against(&shipped, &shipped, &sample_path(), None);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(out, "1 parents: 1 unchanged, 0 changed, 0 failing\n");
+}
+
 #[test]
 fn a_parent_the_new_version_refuses_is_failing() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use capstan::plugin::Plugin;
+use capstan::engine::World;
+use capstan::plugin::{Pinned, Plugin};
 use capstan::render;
 
 /// What a new version is planned against.
@@ -94,7 +95,16 @@ fn plan_against(
         None => Vec::new(),
     };
     let only = parents.len() == 1;
-    let now = capstan::plan::now();
+    // Both versions read the same clock and draw the same random bytes: a value a
+    // plugin stamps or draws for an object it has not observed yet (a password, a
+    // "since" instant) is the same in both plans unless the new version decides
+    // otherwise.
+    let pinned = Pinned {
+        at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64),
+        seed: fastrand::u64(..),
+    };
     // Read once per version: their declared related kinds (and indexes) may differ. A
     // file one version cannot read fails that version's render of every parent.
     let existing = |plugin: &Plugin| -> Result<Vec<_>, String> {
@@ -124,8 +134,9 @@ fn plan_against(
             let existing = existing.as_ref().map_err(String::clone)?;
             let mut state = render::observed_for(plugin, parent.clone(), &source, mine.clone())
                 .map_err(|e| e.to_string())?;
-            render::customize(plugin, &mut state, existing).map_err(|e| e.to_string())?;
-            render::render(plugin, &state, &now)
+            render::customize_pinned(plugin, &mut state, existing, Some(pinned))
+                .map_err(|e| e.to_string())?;
+            render::render_world(plugin, &World::pinned(state, pinned))
                 .map(|r| r.plan)
                 .map_err(|e| e.to_string())
         };
