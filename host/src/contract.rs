@@ -22,6 +22,17 @@ pub struct KindRef {
 }
 
 impl KindRef {
+    /// A namespaced kind (`group` empty: the core group).
+    pub fn namespaced(group: &str, version: &str, kind: &str, plural: &str) -> Self {
+        KindRef {
+            group: group.into(),
+            version: version.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced: true,
+        }
+    }
+
     /// `apiVersion` as written in manifests: `v1` for the core group, else `group/version`.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {

@@ -351,18 +351,12 @@ struct Escapes;
 
 impl crate::plugin::Native for Escapes {
     fn describe(&self) -> crate::contract::PluginInfo {
-        let kind = |group: &str, kind: &str, plural: &str| crate::contract::KindRef {
-            group: group.into(),
-            version: "v1".into(),
-            kind: kind.into(),
-            plural: plural.into(),
-            namespaced: true,
-        };
+        use crate::contract::KindRef;
         crate::contract::PluginInfo {
             name: "escapes".into(),
             version: "0.1.0".into(),
-            parent: kind("test.capstan.dev", "Widget", "widgets"),
-            children: vec![kind("", "ConfigMap", "configmaps")],
+            parent: KindRef::namespaced("test.capstan.dev", "v1", "Widget", "widgets"),
+            children: vec![KindRef::namespaced("", "v1", "ConfigMap", "configmaps")],
             ..crate::contract::PluginInfo::default()
         }
     }

@@ -694,20 +694,8 @@ mod finalize_tests {
             PluginInfo {
                 name: "guard".into(),
                 version: "0.1.0".into(),
-                parent: KindRef {
-                    group: "test.capstan.dev".into(),
-                    version: "v1".into(),
-                    kind: "Guard".into(),
-                    plural: "guards".into(),
-                    namespaced: true,
-                },
-                children: vec![KindRef {
-                    group: String::new(),
-                    version: "v1".into(),
-                    kind: "ConfigMap".into(),
-                    plural: "configmaps".into(),
-                    namespaced: true,
-                }],
+                parent: KindRef::namespaced("test.capstan.dev", "v1", "Guard", "guards"),
+                children: vec![KindRef::namespaced("", "v1", "ConfigMap", "configmaps")],
                 finalizer: true,
                 ..PluginInfo::default()
             }
