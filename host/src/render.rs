@@ -245,7 +245,7 @@ pub fn controlled_by(child: &Value, parent: &Value) -> bool {
 }
 
 /// Calls the plugin and plans the result, as `capstan run` does before applying: the
-/// engine's [`decide`](engine::decide), at the clock `now`. It blocks the calling thread
+/// engine's [`decide`](engine::decide()), at the clock `now`. It blocks the calling thread
 /// for the call: meant for the command line and tests, not for async tasks.
 pub fn render(plugin: &Plugin, observed: &Observed, now: &str) -> Result<Rendered, RenderError> {
     render_world(plugin, &World::new(observed.clone(), now))

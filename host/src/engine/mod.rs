@@ -5,7 +5,7 @@
 //!   controls, the related objects its `customize` selects, and the instant it is
 //!   decided at — from one of several sources: the operator's caches, files, a live
 //!   LIST. Related objects are selected in one place, whatever the source.
-//! - **Decide** ([`decide`]): one function from a plugin and a world to a [`Plan`]:
+//! - **Decide** ([`decide()`]): one function from a plugin and a world to a [`Plan`]:
 //!   the plugin's answer, validated and turned into the writes to make, the status, the
 //!   events and the requeue. Nothing is written.
 //! - **Act**: the operator's writer applies a plan under the ownership rules

@@ -1,5 +1,8 @@
-//! One reconcile of one parent, step by step (design sketch section 3): finalizer,
-//! observed children, the plugin call, validation, apply, prune, status, events, requeue.
+//! One reconcile of one parent (design sketch section 3): where the parent stands
+//! ([`Phase`]: apply, add or drop the finalizer, finalize, force release, gone), then
+//! Observe from the operator's caches, Decide through the [`engine`], Act through the
+//! [`Writer`]; the canary's routing of a parent to a version; how the outcome becomes
+//! the controller's next action (docs/internals.md).
 
 use std::sync::Arc;
 use std::time::Duration;
