@@ -14,6 +14,9 @@ pub mod contract;
 pub mod convert;
 pub mod diff;
 pub mod engine;
+#[cfg(test)]
+mod fixtures;
+pub mod grant;
 pub mod oci;
 pub mod operator;
 pub mod ownership;

@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::contract::{Condition, ConditionStatus, Desired, Event, EventType, PluginInfo};
+use crate::grant::Grant;
 use crate::shard::{SHARD_BUCKET_LABEL, bucket_of};
 use crate::validate::{self, Violation};
 
@@ -40,8 +41,11 @@ pub struct Plan {
     pub children: Vec<PlannedChild>,
     /// The parent's complete status as the host will write it.
     pub status: Value,
-    /// Events to post on the parent.
+    /// Events to post on the parent, at most [`MAX_EVENTS`].
     pub events: Vec<Event>,
+    /// How many events the plugin asked for beyond [`MAX_EVENTS`], dropped.
+    #[serde(skip)]
+    pub dropped_events: usize,
     /// When to reconcile again, if the plugin asked.
     #[serde(skip_serializing_if = "Option::is_none", with = "seconds")]
     pub requeue_after: Option<Duration>,
@@ -61,14 +65,21 @@ pub struct PlannedChild {
     pub manifest: Value,
 }
 
+/// Events one reconcile may post: the first this many are posted, the rest dropped and
+/// counted (`capstan_events_dropped_total`). Events are for people reading `kubectl
+/// describe`; a plugin that emits hundreds per reconcile floods the API server and
+/// etcd for every parent it owns.
+pub const MAX_EVENTS: usize = 16;
+
 /// Turns a plugin's answer into a [`Plan`], or says why it is refused.
 pub fn plan(
     info: &PluginInfo,
     parent: &Value,
     desired: Desired,
     now: &str,
+    grant: &Grant,
 ) -> Result<Plan, Violation> {
-    let children = validate::children(info, parent, &desired.children)?;
+    let children = validate::children(info, parent, &desired.children, grant)?;
     let plugin_status = validate::status(desired.status.as_deref())?;
     validate::conditions(&desired.conditions)?;
     let ready = Condition {
@@ -98,7 +109,13 @@ pub fn plan(
     Ok(Plan {
         children,
         status: compose_status(parent, plugin_status, &conditions, now),
-        events: desired.events.into_iter().map(bounded_event).collect(),
+        dropped_events: desired.events.len().saturating_sub(MAX_EVENTS),
+        events: desired
+            .events
+            .into_iter()
+            .take(MAX_EVENTS)
+            .map(bounded_event)
+            .collect(),
         requeue_after: desired
             .requeue_after_seconds
             .map(|s| Duration::from_secs(u64::from(s.max(1)))),
@@ -370,7 +387,7 @@ mod tests {
             vec![json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}})],
             None,
         );
-        let plan = plan(&info(), &parent(json!({})), d, "T0").unwrap();
+        let plan = plan(&info(), &parent(json!({})), d, "T0", &Grant::default()).unwrap();
         let m = &plan.children[0].manifest;
         assert_eq!(m["metadata"]["namespace"], "ns1");
         assert_eq!(m["metadata"]["labels"][MANAGED_BY_LABEL], "capstan");
@@ -394,6 +411,7 @@ mod tests {
             &parent(json!({})),
             desired(vec![], Some(json!({"state": "Ok"}))),
             "T0",
+            &Grant::default(),
         )
         .unwrap();
         assert_eq!(first.status["state"], "Ok");
@@ -407,6 +425,7 @@ mod tests {
             &parent(first.status.clone()),
             desired(vec![], Some(json!({"state": "Ok"}))),
             "T1",
+            &Grant::default(),
         )
         .unwrap();
         assert_eq!(again.status, first.status);
@@ -419,6 +438,7 @@ mod tests {
             &parent(json!({})),
             desired(vec![], Some(json!({"uuid": "x"}))),
             "T0",
+            &Grant::default(),
         )
         .unwrap();
         let failed = failed_conditions(&parent(ok.status), "InvalidSpec", "bad", "T1");
@@ -439,7 +459,7 @@ mod tests {
             reason: "Pending".into(),
             message: "waiting for pods".into(),
         });
-        let plan = plan(&info(), &parent(json!({})), d, "T0").unwrap();
+        let plan = plan(&info(), &parent(json!({})), d, "T0", &Grant::default()).unwrap();
         let conds = plan.status["conditions"].as_array().unwrap();
         assert_eq!(conds.len(), 1);
         assert_eq!(conds[0]["reason"], "Pending");
@@ -454,7 +474,14 @@ mod tests {
             reason: "Up".into(),
             message: String::new(),
         });
-        let ok = plan(&info(), &parent(json!({})), d.clone(), "T0").unwrap();
+        let ok = plan(
+            &info(),
+            &parent(json!({})),
+            d.clone(),
+            "T0",
+            &Grant::default(),
+        )
+        .unwrap();
         let mut status = ok.status.clone();
         let p = parent(ok.status.clone());
         set_condition(
@@ -471,7 +498,7 @@ mod tests {
         assert_eq!(ready["lastTransitionTime"], "T1");
         assert_eq!(status["uuid"], "x");
         // Reported again with the same status: the transition time stays.
-        let mut again = plan(&info(), &parent(status.clone()), d, "T2")
+        let mut again = plan(&info(), &parent(status.clone()), d, "T2", &Grant::default())
             .unwrap()
             .status;
         set_condition(
@@ -495,5 +522,43 @@ mod tests {
         let e = warning("Failed", "é".repeat(2000));
         assert!(e.message.len() <= 1024 && e.message.ends_with("..."));
         assert_eq!(warning("not a reason", "m").reason, "PluginEvent");
+    }
+
+    #[test]
+    fn events_beyond_the_cap_are_dropped_and_counted() {
+        let mut d = desired(vec![], None);
+        d.events = (0..MAX_EVENTS + 40)
+            .map(|i| Event {
+                type_: EventType::Normal,
+                reason: "Flood".into(),
+                message: format!("event {i}"),
+            })
+            .collect();
+        let plan = plan(&info(), &parent(json!({})), d, "T0", &Grant::default()).unwrap();
+        assert_eq!(plan.events.len(), MAX_EVENTS);
+        assert_eq!(plan.dropped_events, 40);
+        assert_eq!(plan.events[0].message, "event 0", "the first are kept");
+        let mut few = desired(vec![], None);
+        few.events = plan.events[..3].to_vec();
+        let plan = super::plan(&info(), &parent(json!({})), few, "T0", &Grant::default()).unwrap();
+        assert_eq!((plan.events.len(), plan.dropped_events), (3, 0));
+    }
+
+    #[test]
+    fn more_conditions_than_the_bound_are_refused() {
+        let mut d = desired(vec![], None);
+        d.conditions = (0..=validate::MAX_CONDITIONS)
+            .map(|i| Condition {
+                type_: format!("C{i}"),
+                status: ConditionStatus::True,
+                reason: "Set".into(),
+                message: String::new(),
+            })
+            .collect();
+        let err = plan(&info(), &parent(json!({})), d, "T0", &Grant::default()).unwrap_err();
+        assert!(
+            matches!(err, Violation::TooLarge { ref what, .. } if what == "the list of conditions"),
+            "{err}"
+        );
     }
 }

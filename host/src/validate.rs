@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use crate::contract::{Condition, KindRef, PluginInfo, RelatedRequest, Selector};
+use crate::grant::Grant;
 
 /// Largest child manifest accepted, in bytes of JSON (etcd refuses objects above ~1.5 MiB).
 pub const MAX_CHILD_BYTES: usize = 1 << 20;
@@ -112,6 +113,17 @@ pub enum Violation {
         /// What, and what is allowed.
         reason: String,
     },
+    /// A child that runs Pods (or a Secret) would give them more than the plugin's
+    /// grant allows: another account, the node's namespaces or files, privileges.
+    #[error("child {kind} {name:?} is refused: {reason}")]
+    Pods {
+        /// Kind of the child.
+        kind: String,
+        /// Its name.
+        name: String,
+        /// What, and how to grant it.
+        reason: String,
+    },
     /// `customize` asked for something the host does not serve.
     #[error("customize: {0}")]
     Related(String),
@@ -119,6 +131,9 @@ pub enum Violation {
     #[error("finalize: {0}")]
     Teardown(String),
 }
+
+/// How many conditions one answer may set (besides the host's `Ready`).
+pub const MAX_CONDITIONS: usize = 32;
 
 /// How many requests `customize` may return (the contract says so).
 pub const MAX_RELATED_REQUESTS: usize = 64;
@@ -290,6 +305,7 @@ pub fn children(
     info: &PluginInfo,
     parent: &Value,
     raw: &[String],
+    grant: &Grant,
 ) -> Result<Vec<ValidChild>, Violation> {
     if raw.len() > MAX_CHILDREN {
         return Err(Violation::TooLarge {
@@ -384,7 +400,117 @@ pub fn children(
         });
     }
     rights(info, parent_ns, &out)?;
+    pods(info, &out, grant)?;
     Ok(out)
+}
+
+/// Where each kind that runs Pods keeps their spec.
+fn pod_spec_of<'v>(kind: &KindRef, manifest: &'v Value) -> Option<&'v Value> {
+    let path = match (kind.group.as_str(), kind.kind.as_str()) {
+        ("", "Pod") => "/spec",
+        ("", "ReplicationController")
+        | ("apps", "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet")
+        | ("batch", "Job") => "/spec/template/spec",
+        ("batch", "CronJob") => "/spec/jobTemplate/spec/template/spec",
+        _ => return None,
+    };
+    manifest.pointer(path)
+}
+
+/// What the Pods a plugin runs may be, and which Secrets it may create: a Pod runs as a
+/// ServiceAccount of this same answer (or the namespace's `default`, as any Pod without
+/// one does), unless the grant names others; it is not privileged, shares no host
+/// namespace, mounts no hostPath and adds no capability, unless the grant allows it. A
+/// Secret of type `kubernetes.io/service-account-token` (which mints a token for any
+/// account of the namespace) is refused unless granted. Without these, a plugin could
+/// run as whichever account of the namespace holds the most rights, or as the node.
+fn pods(info: &PluginInfo, children: &[ValidChild], grant: &Grant) -> Result<(), Violation> {
+    let pods_grant = grant.pods.clone().unwrap_or_default();
+    let accounts: Vec<&str> = children
+        .iter()
+        .filter(|c| {
+            let k = &info.children[c.kind_index];
+            k.group.is_empty() && k.kind == "ServiceAccount"
+        })
+        .map(|c| c.name.as_str())
+        .collect();
+    for child in children {
+        let kind = &info.children[child.kind_index];
+        let refuse = |reason: String| Violation::Pods {
+            kind: format!("{}.{}", kind.kind, kind.api_version()),
+            name: child.name.clone(),
+            reason,
+        };
+        if kind.group.is_empty()
+            && kind.kind == "Secret"
+            && child.manifest.get("type").and_then(Value::as_str)
+                == Some("kubernetes.io/service-account-token")
+            && !pods_grant.service_account_tokens
+        {
+            return Err(refuse(
+                "a Secret of type kubernetes.io/service-account-token mints a token for an account of the namespace; granted by service-account-tokens = true in [grant.pods]".into(),
+            ));
+        }
+        let Some(spec) = pod_spec_of(kind, &child.manifest) else {
+            continue;
+        };
+        let text = |key: &str| spec.get(key).and_then(Value::as_str);
+        for key in ["serviceAccountName", "serviceAccount"] {
+            if let Some(account) = text(key)
+                && account != "default"
+                && !accounts.contains(&account)
+                && !pods_grant.service_accounts.iter().any(|a| a == account)
+            {
+                return Err(refuse(format!(
+                    "its Pods run as ServiceAccount {account:?}, which is not a child of this answer; a plugin's Pods run as its own accounts unless service-accounts = [{account:?}] in [grant.pods]"
+                )));
+            }
+        }
+        for key in ["hostNetwork", "hostPID", "hostIPC"] {
+            let shares = spec.get(key).and_then(Value::as_bool) == Some(true);
+            if shares && !pods_grant.host_namespaces {
+                return Err(refuse(format!(
+                    "its Pods set {key}: true; granted by host-namespaces = true in [grant.pods]"
+                )));
+            }
+        }
+        for volume in array(spec, "volumes") {
+            if volume.get("hostPath").is_some() && !pods_grant.host_path {
+                let name = volume.get("name").and_then(Value::as_str).unwrap_or("?");
+                return Err(refuse(format!(
+                    "its Pods mount the node's files (hostPath volume {name:?}); granted by host-path = true in [grant.pods]"
+                )));
+            }
+        }
+        let containers = ["containers", "initContainers", "ephemeralContainers"]
+            .into_iter()
+            .flat_map(|key| array(spec, key));
+        for container in containers {
+            let name = container.get("name").and_then(Value::as_str).unwrap_or("?");
+            let security = container.get("securityContext").unwrap_or(&Value::Null);
+            if security.get("privileged").and_then(Value::as_bool) == Some(true)
+                && !pods_grant.privileged
+            {
+                return Err(refuse(format!(
+                    "container {name:?} is privileged; granted by privileged = true in [grant.pods]"
+                )));
+            }
+            let added = security
+                .pointer("/capabilities/add")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            for capability in added {
+                let capability = capability.as_str().unwrap_or("?");
+                if !pods_grant.capabilities.iter().any(|c| c == capability) {
+                    return Err(refuse(format!(
+                        "container {name:?} adds capability {capability}; granted by capabilities = [{capability:?}] in [grant.pods]"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The RBAC API group.
@@ -554,6 +680,13 @@ pub fn status(raw: Option<&str>) -> Result<Option<serde_json::Map<String, Value>
 
 /// Checks the conditions a plugin returned.
 pub fn conditions(conditions: &[Condition]) -> Result<(), Violation> {
+    if conditions.len() > MAX_CONDITIONS {
+        return Err(Violation::TooLarge {
+            what: "the list of conditions".into(),
+            size: conditions.len(),
+            limit: MAX_CONDITIONS,
+        });
+    }
     for c in conditions {
         let bad = |reason: &str| Violation::Condition {
             type_: c.type_.clone(),
@@ -660,7 +793,7 @@ mod tests {
                 json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "a", "namespace": "ns1"}}),
             ),
         ];
-        let out = children(&info(), &parent(), &raw).unwrap();
+        let out = children(&info(), &parent(), &raw, &Grant::default()).unwrap();
         assert_eq!(
             out.iter().map(|c| c.kind_index).collect::<Vec<_>>(),
             vec![0, 1]
@@ -720,6 +853,7 @@ mod tests {
             &reporting_info(),
             &parent(),
             &reporting(report_rule(), json!({})),
+            &Grant::default(),
         );
         assert!(out.is_ok(), "{out:?}");
     }
@@ -825,6 +959,7 @@ mod tests {
                 &reporting_info(),
                 &parent(),
                 &reporting(rule.clone(), binding.clone()),
+                &Grant::default(),
             )
             .expect_err(&format!("{rule} {binding} was accepted"));
             assert!(matches!(err, Violation::Rights { .. }), "{err}");
@@ -836,7 +971,7 @@ mod tests {
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": "w"}, "rules": []}),
         ));
-        let err = children(&reporting_info(), &parent(), &raw).unwrap_err();
+        let err = children(&reporting_info(), &parent(), &raw, &Grant::default()).unwrap_err();
         assert!(err.to_string().contains("not a ClusterRole"), "{err}");
     }
 
@@ -845,7 +980,7 @@ mod tests {
         let raw = vec![child(
             json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}),
         )];
-        let err = children(&info(), &parent(), &raw).unwrap_err();
+        let err = children(&info(), &parent(), &raw, &Grant::default()).unwrap_err();
         assert_eq!(
             err.to_string(),
             "child Secret.v1 \"s\" is of a kind the plugin did not declare (declared: ConfigMap.v1, StatefulSet.apps/v1)"
@@ -877,7 +1012,7 @@ mod tests {
             ),
         ];
         for (manifest, expected) in cases {
-            let err = children(&info(), &parent(), &[child(manifest)])
+            let err = children(&info(), &parent(), &[child(manifest)], &Grant::default())
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -887,9 +1022,21 @@ mod tests {
         }
         let twice =
             child(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}));
-        let err = children(&info(), &parent(), &[twice.clone(), twice]).unwrap_err();
+        let err = children(
+            &info(),
+            &parent(),
+            &[twice.clone(), twice],
+            &Grant::default(),
+        )
+        .unwrap_err();
         assert!(matches!(err, Violation::Duplicate { .. }));
-        let err = children(&info(), &parent(), &["{not json".to_string()]).unwrap_err();
+        let err = children(
+            &info(),
+            &parent(),
+            &["{not json".to_string()],
+            &Grant::default(),
+        )
+        .unwrap_err();
         assert!(
             err.to_string().starts_with("child #0: not valid JSON"),
             "{err}"
@@ -902,12 +1049,12 @@ mod tests {
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"x": "y".repeat(MAX_CHILD_BYTES)}}),
         );
         assert!(matches!(
-            children(&info(), &parent(), &[big]),
+            children(&info(), &parent(), &[big], &Grant::default()),
             Err(Violation::TooLarge { .. })
         ));
         let many = vec![child(json!({})); MAX_CHILDREN + 1];
         assert!(matches!(
-            children(&info(), &parent(), &many),
+            children(&info(), &parent(), &many, &Grant::default()),
             Err(Violation::TooLarge { .. })
         ));
     }
@@ -964,5 +1111,147 @@ mod tests {
                 .to_string()
                 .contains("widgets.test.capstan.dev")
         );
+    }
+
+    /// The widget plugin with every kind that runs Pods, ServiceAccounts and Secrets
+    /// among its children.
+    fn pods_info() -> PluginInfo {
+        let mut info = info();
+        info.children.extend([
+            k("", "ServiceAccount", "serviceaccounts"),
+            k("", "Secret", "secrets"),
+            k("", "Pod", "pods"),
+            k("apps", "Deployment", "deployments"),
+            k("batch", "Job", "jobs"),
+            k("batch", "CronJob", "cronjobs"),
+        ]);
+        info
+    }
+
+    /// A child of `kind` whose Pod spec is `spec`, beside the ServiceAccount `w-agent`.
+    fn running(kind: &str, spec: Value) -> Vec<String> {
+        let template = json!({"spec": spec});
+        let (api_version, body) = match kind {
+            "Pod" => ("v1", json!({"spec": spec})),
+            "StatefulSet" | "Deployment" => ("apps/v1", json!({"spec": {"template": template}})),
+            "Job" => ("batch/v1", json!({"spec": {"template": template}})),
+            "CronJob" => (
+                "batch/v1",
+                json!({"spec": {"jobTemplate": {"spec": {"template": template}}}}),
+            ),
+            other => panic!("{other}"),
+        };
+        let mut object = body;
+        object["apiVersion"] = json!(api_version);
+        object["kind"] = json!(kind);
+        object["metadata"] = json!({"name": "w"});
+        vec![
+            child(
+                json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "w-agent"}}),
+            ),
+            child(object),
+        ]
+    }
+
+    #[test]
+    fn pods_run_as_the_answers_own_accounts_unprivileged() {
+        let container = json!({"name": "app", "image": "app",
+            "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}});
+        for kind in ["Pod", "StatefulSet", "Deployment", "Job", "CronJob"] {
+            for account in [json!("w-agent"), json!("default"), Value::Null] {
+                let spec =
+                    json!({"serviceAccountName": account, "containers": [container.clone()]});
+                children(
+                    &pods_info(),
+                    &parent(),
+                    &running(kind, spec),
+                    &Grant::default(),
+                )
+                .unwrap_or_else(|e| panic!("{kind} as {account}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_pod_template_that_reaches_beyond_its_grant_is_refused() {
+        let app =
+            |security: Value| json!({"name": "app", "image": "app", "securityContext": security});
+        // (what the hostile plugin tries, what the refusal says, the grant that allows it)
+        let cases = [
+            (
+                json!({"serviceAccountName": "cluster-admin-sa", "containers": [app(json!({}))]}),
+                "run as ServiceAccount \"cluster-admin-sa\"",
+                "[pods]\nservice-accounts = [\"cluster-admin-sa\"]",
+            ),
+            (
+                json!({"serviceAccount": "builder", "containers": [app(json!({}))]}),
+                "ServiceAccount \"builder\"",
+                "[pods]\nservice-accounts = [\"builder\"]",
+            ),
+            (
+                json!({"containers": [app(json!({"privileged": true}))]}),
+                "container \"app\" is privileged",
+                "[pods]\nprivileged = true",
+            ),
+            (
+                json!({"initContainers": [app(json!({"privileged": true}))], "containers": []}),
+                "is privileged",
+                "[pods]\nprivileged = true",
+            ),
+            (
+                json!({"hostNetwork": true, "containers": [app(json!({}))]}),
+                "hostNetwork: true",
+                "[pods]\nhost-namespaces = true",
+            ),
+            (
+                json!({"hostPID": true, "containers": [app(json!({}))]}),
+                "hostPID: true",
+                "[pods]\nhost-namespaces = true",
+            ),
+            (
+                json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}], "containers": [app(json!({}))]}),
+                "hostPath volume \"root\"",
+                "[pods]\nhost-path = true",
+            ),
+            (
+                json!({"containers": [app(json!({"capabilities": {"add": ["SYS_ADMIN"]}}))]}),
+                "adds capability SYS_ADMIN",
+                "[pods]\ncapabilities = [\"SYS_ADMIN\"]",
+            ),
+        ];
+        for (spec, says, granted) in cases {
+            for kind in ["Pod", "StatefulSet", "CronJob"] {
+                let raw = running(kind, spec.clone());
+                let err = children(&pods_info(), &parent(), &raw, &Grant::default())
+                    .expect_err(&format!("{kind} {spec} is refused"));
+                assert!(matches!(err, Violation::Pods { .. }), "{err}");
+                let line = err.to_string();
+                assert!(
+                    line.contains(says) && line.contains("[grant.pods]"),
+                    "{line}"
+                );
+                let grant: Grant = toml::from_str(granted).unwrap();
+                children(&pods_info(), &parent(), &raw, &grant)
+                    .unwrap_or_else(|e| panic!("{kind} {spec} under {granted:?}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_service_account_token_secret_is_refused_unless_granted() {
+        let raw = vec![child(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "token", "annotations": {"kubernetes.io/service-account.name": "admin"}},
+            "type": "kubernetes.io/service-account-token"}))];
+        let err = children(&pods_info(), &parent(), &raw, &Grant::default()).unwrap_err();
+        assert!(
+            matches!(err, Violation::Pods { .. }) && err.to_string().contains("mints a token"),
+            "{err}"
+        );
+        let grant: Grant = toml::from_str("[pods]\nservice-account-tokens = true").unwrap();
+        children(&pods_info(), &parent(), &raw, &grant).unwrap();
+        // Any other Secret is the plugin's own business.
+        let opaque = vec![child(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "password"}, "type": "Opaque"}))];
+        children(&pods_info(), &parent(), &opaque, &Grant::default()).unwrap();
     }
 }

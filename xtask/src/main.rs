@@ -56,6 +56,7 @@ const TEST_PLUGINS: &[(&str, &str)] = &[
     ("capstan-test-mirror", "mirror.wasm"),
     ("capstan-test-ticket", "ticket.wasm"),
     ("capstan-test-pass", "pass.wasm"),
+    ("capstan-test-lease-guard", "lease-guard.wasm"),
 ];
 
 fn main() {

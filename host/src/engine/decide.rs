@@ -30,11 +30,14 @@ pub async fn decide(plugin: &Plugin, world: &World) -> Result<Plan, DecideError>
         .reconcile_pinned(&world.observed, world.pinned)
         .await?
         .map_err(DecideError::Plugin)?;
+    // What the administrator granted bounds the answer too (the Pods it runs).
+    let grant = plugin.limits_file().grant.unwrap_or_default();
     Ok(plan::plan(
         plugin.info(),
         &world.observed.parent,
         desired,
         &world.now,
+        &grant,
     )?)
 }
 

@@ -121,7 +121,8 @@ pub struct Selected {
 
 /// Calls `customize` for `parent` and selects from `source` what it asks for: in the
 /// parent's namespace (for a namespaced kind), by name or by labels, at most
-/// [`validate::MAX_RELATED_OBJECTS`] objects. A plugin that declares no related kind is
+/// [`validate::MAX_RELATED_OBJECTS`] objects, and only those its grant lets it read
+/// ([`crate::grant::Grant::related_labels`]). A plugin that declares no related kind is
 /// not called and sees none. `pinned`: the call's clock and random, as the world's.
 pub async fn related<S: RelatedSource + ?Sized>(
     plugin: &Plugin,
@@ -138,6 +139,7 @@ pub async fn related<S: RelatedSource + ?Sized>(
         .await?
         .map_err(ObserveError::Customize)?;
     validate::related_requests(info, &requests)?;
+    let grant = plugin.limits_file().grant.unwrap_or_default();
     let mut objects = Vec::new();
     for (index, kind) in info.related.iter().enumerate() {
         let selectors: Vec<Selector> = requests
@@ -146,6 +148,19 @@ pub async fn related<S: RelatedSource + ?Sized>(
             .map(|r| r.selector.clone())
             .collect();
         let mut selected = source.select(index, kind, parent, &selectors)?;
+        // What the administrator granted bounds what the plugin's selectors reach
+        // (Secrets only with the grant's labels).
+        if let Some(labels) = grant.related_labels(kind) {
+            selected.retain(|object| {
+                labels.iter().all(|(key, value)| {
+                    object
+                        .pointer("/metadata/labels")
+                        .and_then(|l| l.get(key))
+                        .and_then(Value::as_str)
+                        == Some(value.as_str())
+                })
+            });
+        }
         // In one order whatever the source: a cache answers selector by selector, a
         // file in its own order.
         selected.sort_by_cached_key(|o| {

@@ -31,9 +31,7 @@ const SAMPLES: &[(&str, &str)] = &[
 
 /// The sample's parent, in the tests' namespace.
 fn sample(file: &str) -> Value {
-    let path = capstan_e2e::operator::root()
-        .join("crds/samples")
-        .join(file);
+    let path = crate::fixtures::root().join("crds/samples").join(file);
     let mut parent = render::read_one(&path).unwrap();
     parent["metadata"]["namespace"] = json!(NS);
     parent
@@ -71,7 +69,7 @@ async fn render_and_plan_show_what_run_writes_for_every_shipped_sample() {
     let mut children_compared = 0;
     for (name, file) in SAMPLES {
         let at = format!("{name} {file}");
-        let (sandbox, plugin) = load_file(capstan_e2e::operator::plugin(name));
+        let (sandbox, plugin) = load_file(crate::fixtures::plugin(name));
         let pods = plugin.info().related.first().map(|kind| {
             let mut feed = super::related::Feed::new(kind);
             feed.list([]);

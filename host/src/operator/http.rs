@@ -29,6 +29,10 @@ const CONNECTION_LIMIT: Duration = Duration::from_secs(30);
 /// file descriptors lasts a while, and retrying at once would spin a core and flood the
 /// log.
 const ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+/// Connections one address keeps open at once; one more is closed as soon as it is
+/// accepted. Each connection's idle time is bounded too (its header timeout), so a
+/// client that opens many and sends nothing holds them for seconds, not for ever.
+pub const MAX_CONNECTIONS: usize = 256;
 
 /// Binds the listener for [`serve`].
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -60,8 +64,9 @@ where
     .await
 }
 
-/// Accepts connections from `accept` and serves each on a task of its own; waits
-/// `backoff` after an accept error that is not one connection's.
+/// Accepts connections from `accept` and serves each on a task of its own, at most
+/// [`MAX_CONNECTIONS`] at once; waits `backoff` after an accept error that is not one
+/// connection's.
 async fn accept_loop<S, A, AFut, F, Fut>(mut accept: A, what: &str, backoff: Duration, mut serve: F)
 where
     A: FnMut() -> AFut,
@@ -69,11 +74,24 @@ where
     F: FnMut(S) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         match accept().await {
-            Ok(stream) => {
-                tokio::spawn(serve(stream));
-            }
+            Ok(stream) => match open.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let serving = serve(stream);
+                    tokio::spawn(async move {
+                        serving.await;
+                        drop(permit);
+                    });
+                }
+                Err(_) => {
+                    tracing::debug!(
+                        "{MAX_CONNECTIONS} connections open on the {what} address: one more closed"
+                    );
+                    drop(stream);
+                }
+            },
             // One client's connection went away before it was accepted: take the next.
             Err(e) if is_connection_error(&e) => {}
             Err(e) => {

@@ -162,6 +162,7 @@ pub struct Metrics {
     registry: Registry,
     reconciles: Family<PluginResult, Counter>,
     status_writes: Family<PluginLabel, Counter>,
+    events_dropped: Family<PluginLabel, Counter>,
     child_writes: Family<PluginResult, Counter>,
     reconcile_duration: Family<PluginLabel, Histogram>,
     load_failures: Counter,
@@ -211,6 +212,12 @@ impl Default for Metrics {
             "capstan_status_writes",
             "Status writes by plugin (skipped when the status did not change)",
             status_writes.clone(),
+        );
+        let events_dropped = Family::<PluginLabel, Counter>::default();
+        registry.register(
+            "capstan_events_dropped",
+            "Events a plugin asked for beyond the cap of one reconcile, dropped",
+            events_dropped.clone(),
         );
         let child_writes = Family::<PluginResult, Counter>::default();
         registry.register(
@@ -300,6 +307,7 @@ impl Default for Metrics {
             registry,
             reconciles,
             status_writes,
+            events_dropped,
             child_writes,
             reconcile_duration,
             load_failures,
@@ -337,6 +345,15 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Counts `n` events dropped beyond the cap of one reconcile; whether they are the
+    /// plugin's first (to say so once).
+    pub fn events_dropped(&self, plugin: &str, n: usize) -> bool {
+        let counter = self.events_dropped.get_or_create(&PluginLabel {
+            plugin: plugin.into(),
+        });
+        counter.inc_by(n as u64) == 0
     }
 
     /// Counts one status write.
@@ -640,6 +657,19 @@ impl Drop for ReconcileTimer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dropped_events_are_counted_and_said_once_per_plugin() {
+        let m = Metrics::default();
+        assert!(m.events_dropped("flood", 40), "the first drop is said");
+        assert!(!m.events_dropped("flood", 2), "and only the first");
+        assert!(m.events_dropped("other", 1), "each plugin's first is said");
+        let text = m.render();
+        assert!(
+            text.contains("capstan_events_dropped_total{plugin=\"flood\"} 42\n"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn counters_render_as_prometheus_text() {

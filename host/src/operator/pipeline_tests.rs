@@ -36,13 +36,13 @@ const SERVING_FILE: &str = "/plugins/serving.wasm";
 /// evicts what it no longer needs): each plugin is compiled once, and each test loads
 /// it into a sandbox of its own (whose call counts are its own).
 fn cache_dir() -> PathBuf {
-    capstan_e2e::operator::root().join("target/test-compile-cache")
+    crate::fixtures::root().join("target/test-compile-cache")
 }
 
 /// Loads the test plugin `name` in a sandbox of its own. On a thread of its own too:
 /// loading blocks on the sandbox's runtime, which a test's runtime may not do.
 fn load(name: &str) -> (Sandbox, Plugin) {
-    load_file(capstan_e2e::operator::test_plugin(name))
+    load_file(crate::fixtures::test_plugin(name))
 }
 
 pub(super) fn load_file(file: PathBuf) -> (Sandbox, Plugin) {
@@ -804,7 +804,7 @@ async fn a_failover_decision_is_never_taken_on_a_stale_cache() {
     let mut pods = super::related::Feed::new(&kind);
     pods.list(["pg-0", "pg-1", "pg-2"].map(|n| instance_pod(n, true)));
     let mut s = Scenario::with(
-        load_file(capstan_e2e::operator::plugin("postgresql")),
+        load_file(crate::fixtures::plugin("postgresql")),
         Some(&pods),
     );
     let pg = s.create(
@@ -864,7 +864,7 @@ async fn a_failover_decision_is_never_taken_on_a_stale_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_version_is_compared_on_every_reconcile_and_never_applied() {
-    use capstan_e2e::operator::{plugin, uuid_other_build};
+    use crate::fixtures::{plugin, uuid_other_build};
     let s = Scenario::with(load_file(plugin("uuid")), None);
     let metrics = s.served_as_a_file();
     // 100 Uuids; 99 reconciled by the serving version (they hold their UUID in the
@@ -948,8 +948,7 @@ async fn a_canary_that_fails_more_than_the_serving_version_is_rolled_back_and_sa
         .map(|n| s.create(n, json!({"count": 1})))
         .collect();
     // The new version refuses itself on every parent (a child in another namespace).
-    let (_candidate_sandbox, candidate) =
-        load_file(capstan_e2e::operator::test_plugin("widget-broken"));
+    let (_candidate_sandbox, candidate) = load_file(crate::fixtures::test_plugin("widget-broken"));
     let canary = canary_of(&candidate, vec![50, 100], Duration::from_secs(3600));
     metrics.set_shadow(
         SERVING_FILE,

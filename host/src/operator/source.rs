@@ -21,8 +21,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::oci::{self, OciStore};
-use crate::plugin::limits;
+use crate::plugin::{LoadError, Plugin, SandboxConfig, limits};
 use crate::signature::{VerifyKey, sig_file_of};
+
+/// Compiles, links and describes a plugin from its bytes; the path names them (the
+/// sandbox's loader, or a test's).
+pub type Loader = Arc<dyn Fn(&[u8], &Path) -> Result<Plugin, LoadError> + Send + Sync>;
+
+/// A file whose modification time is younger than this may still be being written: it
+/// is loaded once it is this old, or once it kept its size and time for a poll interval.
+pub const SETTLE: Duration = Duration::from_millis(500);
 
 /// The extension of an OCI reference file.
 pub const REFERENCE_EXTENSION: &str = "oci";
@@ -272,6 +280,18 @@ pub fn file_stamp(path: &Path) -> Option<FileStamp> {
         meta.len(),
         meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
     ))
+}
+
+/// The limits file of the plugin `path`, if there is a valid one, read on a blocking
+/// thread (a slow volume must not hold a runtime worker). A bad one is reported when
+/// the registry applies the serving version's limits.
+pub async fn read_limits(path: &Path, config: &SandboxConfig) -> Option<limits::LimitsFile> {
+    let (path, config) = (path.to_path_buf(), config.clone());
+    tokio::task::spawn_blocking(move || limits::read(&path, &config))
+        .await
+        .ok()?
+        .ok()
+        .flatten()
 }
 
 #[cfg(test)]

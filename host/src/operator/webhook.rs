@@ -736,16 +736,39 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one connection serves before it is closed (gracefully: the request under
 /// way is answered first).
 const CONNECTION_LIMIT: Duration = Duration::from_secs(300);
-/// The largest request body: a ConversionReview of a large list.
-const MAX_BODY: usize = 64 << 20;
+/// The largest AdmissionReview body: the object and its old version, each at most what
+/// etcd stores (1.5 MiB), with room for JSON escaping and the request's own fields.
+const MAX_ADMISSION_BODY: usize = 8 << 20;
+/// The largest ConversionReview body: the objects of a list converted at once.
+const MAX_CONVERSION_BODY: usize = 32 << 20;
+/// The bytes of request bodies the webhook holds at once, all clients together: a
+/// request waits (up to [`BODY_TIMEOUT`]) until its declared length fits, so many
+/// large uploads at once cost this much memory, not their sum.
+const BODY_BUDGET: usize = 64 << 20;
+/// How long a request may wait for room in the budget, then send its body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every request of the webhook shares: the plugins it serves, and the budget of
+/// request bytes in memory.
+#[derive(Clone)]
+struct Shared {
+    served: Served,
+    /// Permits of 1 KiB each, [`BODY_BUDGET`] in all.
+    budget: Arc<tokio::sync::Semaphore>,
+}
+
 async fn serve(listener: TcpListener, acceptor: TlsAcceptor, served: Served) {
+    let shared = Shared {
+        served,
+        budget: Arc::new(tokio::sync::Semaphore::new(BODY_BUDGET >> 10)),
+    };
     super::http::accept_tcp(&listener, "webhook", move |stream| {
-        connection(stream, acceptor.clone(), served.clone())
+        connection(stream, acceptor.clone(), shared.clone())
     })
     .await
 }
 
-async fn connection(stream: tokio::net::TcpStream, acceptor: TlsAcceptor, served: Served) {
+async fn connection(stream: tokio::net::TcpStream, acceptor: TlsAcceptor, shared: Shared) {
     let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
@@ -755,8 +778,8 @@ async fn connection(stream: tokio::net::TcpStream, acceptor: TlsAcceptor, served
         Err(_) => return,
     };
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let served = served.clone();
-        async move { Ok::<_, Infallible>(handle(request, &served).await) }
+        let shared = shared.clone();
+        async move { Ok::<_, Infallible>(handle(request, &shared).await) }
     });
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -794,7 +817,7 @@ fn route(path: &str) -> Option<Route<'_>> {
     parts.next().is_none().then_some(route)
 }
 
-async fn handle(request: Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {
+async fn handle(request: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_string();
     let Some(route) = route(&path) else {
         return text(StatusCode::NOT_FOUND, "not found");
@@ -802,10 +825,44 @@ async fn handle(request: Request<Incoming>, served: &Served) -> Response<Full<By
     if request.method() != Method::POST {
         return text(StatusCode::METHOD_NOT_ALLOWED, "POST a review");
     }
-    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, &e.to_string()),
+    let limit = match route {
+        Route::Validate(..) => MAX_ADMISSION_BODY,
+        Route::Convert(_) => MAX_CONVERSION_BODY,
     };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if let Some(length) = declared
+        && length > limit
+    {
+        // Refused before a byte of it is read.
+        return text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("a review of {length} bytes is over this webhook's limit of {limit}"),
+        );
+    }
+    // Room for the whole body (its declared length, else the limit) before reading it.
+    let kib = declared.unwrap_or(limit).div_ceil(1024).max(1) as u32;
+    let room = tokio::time::timeout(BODY_TIMEOUT, shared.budget.clone().acquire_many_owned(kib));
+    let Ok(Ok(_room)) = room.await else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many reviews at once: try again",
+        );
+    };
+    let read = Limited::new(request.into_body(), limit).collect();
+    let body = match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) => return text(StatusCode::PAYLOAD_TOO_LARGE, &e.to_string()),
+        Err(_) => {
+            return text(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("the review's body was not sent within {BODY_TIMEOUT:?}"),
+            );
+        }
+    };
+    let served = &shared.served;
     let plugin = |name: &str| {
         served
             .read()

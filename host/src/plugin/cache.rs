@@ -494,7 +494,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let path = capstan_e2e::operator::test_plugin("fickle");
+        let path = crate::fixtures::test_plugin("fickle");
         let bytes = std::fs::read(&path).unwrap();
         let load = |name: &str| {
             sandbox

@@ -205,6 +205,9 @@ pub struct Plugin {
     wasm: Option<WasmPlugin>,
     /// Whether its async calls are made as the blocking ones ([`Plugin::on_this_thread`]).
     on_this_thread: bool,
+    /// A native plugin's limits file (a component keeps its own): only its grant
+    /// applies, a native plugin runs without a sandbox's limits.
+    native_limits: Arc<std::sync::RwLock<LimitsFile>>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -229,6 +232,7 @@ impl Plugin {
             guest: Arc::new(wasm.clone()),
             wasm: Some(wasm),
             on_this_thread: false,
+            native_limits: Arc::default(),
         }
     }
 
@@ -239,6 +243,7 @@ impl Plugin {
             guest: Arc::new(NativeGuest { info, native }),
             wasm: None,
             on_this_thread: false,
+            native_limits: Arc::default(),
         }
     }
 
@@ -281,19 +286,30 @@ impl Plugin {
         }
     }
 
-    /// Sets the plugin's own limits over the sandbox's (a native plugin has none).
+    /// Sets the plugin's own limits over the sandbox's (a native plugin keeps the file,
+    /// whose grant applies, and runs without limits).
     pub fn set_limits(&self, file: LimitsFile) {
-        if let Some(wasm) = &self.wasm {
-            wasm.set_limits(file);
+        match &self.wasm {
+            Some(wasm) => wasm.set_limits(file),
+            None => {
+                *self
+                    .native_limits
+                    .write()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = file
+            }
         }
     }
 
     /// What the plugin's limits file set (empty: the sandbox's limits throughout).
     pub fn limits_file(&self) -> LimitsFile {
-        self.wasm
-            .as_ref()
-            .map(WasmPlugin::limits_file)
-            .unwrap_or_default()
+        match &self.wasm {
+            Some(wasm) => wasm.limits_file(),
+            None => self
+                .native_limits
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone(),
+        }
     }
 
     /// The wall-clock limit of its calls, as they start now.

@@ -1,6 +1,8 @@
 //! Per-plugin limits: a small TOML file beside the plugin (`NAME.toml` beside
 //! `NAME.wasm`) may set a plugin's deadline, memory cap, concurrency and CPU share,
-//! within what the sandbox was sized for; what it leaves out comes from the flags.
+//! within what the sandbox was sized for; what it leaves out comes from the flags. Its
+//! `[grant]` table is what the administrator allows the plugin in the cluster
+//! ([`crate::grant`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,6 +26,8 @@ pub struct LimitsFile {
     pub concurrency: Option<u32>,
     /// CPU the plugin's calls may use together, in cores (as `--plugin-cpu`).
     pub cpu: Option<f64>,
+    /// What the plugin may touch beyond the safe defaults (none: the defaults).
+    pub grant: Option<crate::grant::Grant>,
 }
 
 /// Why a limits file was not applied.

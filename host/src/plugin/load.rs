@@ -52,13 +52,21 @@ impl Sandbox {
     }
 
     /// [`Sandbox::load_file`] for a thread that runs no async code: blocks it until the
-    /// plugin is compiled and described.
+    /// plugin is compiled and described; the limits file beside it (`NAME.toml`) is
+    /// applied when there is a valid one.
     pub fn load_file_blocking(&self, path: &Path) -> Result<Plugin, LoadError> {
         let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
             path: path.to_owned(),
             source,
         })?;
-        self.load_bytes_blocking(&bytes, path)
+        let plugin = self.load_bytes_blocking(&bytes, path)?;
+        // The limits file beside it, its grant included, as the registry applies it: the
+        // offline commands (render, test, plan) decide as `capstan run` would. A bad
+        // file is the registry's to report; here the sandbox's limits stand.
+        if let Ok(Some(limits)) = super::limits::read(path, &self.config) {
+            plugin.set_limits(limits);
+        }
+        Ok(plugin)
     }
 
     /// [`Sandbox::load_bytes`] for a thread that runs no async code.

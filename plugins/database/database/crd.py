@@ -27,7 +27,11 @@ _CONDITION = {
 CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"{PLURAL}.{GROUP}"},
+    "metadata": {
+        "name": f"{PLURAL}.{GROUP}",
+        # Whose CRD this is: the plugin may install, update and convert it.
+        "labels": {"capstan.dev/plugin": "database"},
+    },
     "spec": {
         "group": GROUP,
         "scope": "Namespaced",

@@ -160,6 +160,13 @@ impl Writer {
             self.own_writes.remember(written);
             self.metrics.status_written(&self.plugin);
         }
+        if plan.dropped_events > 0
+            && self
+                .metrics
+                .events_dropped(&self.plugin, plan.dropped_events)
+        {
+            warn!(plugin = %self.plugin, parent = obj.metadata.name.as_deref().unwrap_or_default(), dropped = plan.dropped_events, "the plugin asked for more than {} events in one reconcile: the rest are dropped, and counted in capstan_events_dropped_total (said once per plugin)", plan::MAX_EVENTS);
+        }
         for event in &plan.events {
             self.api.publish(obj, event).await;
         }

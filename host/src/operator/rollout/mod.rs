@@ -9,3 +9,4 @@ pub mod canary;
 pub mod driver;
 pub mod shadow;
 pub mod slot;
+pub mod staging;

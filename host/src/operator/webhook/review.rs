@@ -31,10 +31,9 @@ pub struct BadReview {
     reason: String,
 }
 
+/// Its apiVersion and kind are checked first, by `parse`.
 #[derive(Debug, Deserialize)]
 struct AdmissionReview {
-    #[serde(rename = "apiVersion")]
-    api_version: String,
     request: AdmissionRequest,
 }
 
@@ -48,10 +47,9 @@ struct AdmissionRequest {
     old_object: Option<Value>,
 }
 
+/// Its apiVersion and kind are checked first, by `parse`.
 #[derive(Debug, Deserialize)]
 struct ConversionReview {
-    #[serde(rename = "apiVersion")]
-    api_version: String,
     request: ConversionRequest,
 }
 
@@ -67,19 +65,32 @@ struct ConversionRequest {
 fn parse<T: for<'de> Deserialize<'de>>(
     body: &[u8],
     kind: &'static str,
-    api_version: impl Fn(&T) -> &str,
     expected: &str,
 ) -> Result<T, BadReview> {
+    // The review's apiVersion and kind first, skipping the rest without keeping it: a
+    // body that is no such review costs no object tree.
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Head {
+        #[serde(default)]
+        api_version: String,
+        #[serde(default)]
+        kind: String,
+    }
+    let head: Head = serde_json::from_slice(body).map_err(|e| BadReview {
+        kind,
+        reason: e.to_string(),
+    })?;
+    if head.kind != kind || head.api_version != expected {
+        return Err(BadReview {
+            kind,
+            reason: format!("it is a {} {}", head.kind, head.api_version),
+        });
+    }
     let review: T = serde_json::from_slice(body).map_err(|e| BadReview {
         kind,
         reason: e.to_string(),
     })?;
-    if api_version(&review) != expected {
-        return Err(BadReview {
-            kind,
-            reason: format!("apiVersion is {}", api_version(&review)),
-        });
-    }
     Ok(review)
 }
 
@@ -102,12 +113,7 @@ pub async fn admission(
     policy: FailurePolicy,
     within: Duration,
 ) -> Result<Value, BadReview> {
-    let review: AdmissionReview = parse(
-        body,
-        "AdmissionReview",
-        |r: &AdmissionReview| &r.api_version,
-        "admission.k8s.io/v1",
-    )?;
+    let review: AdmissionReview = parse(body, "AdmissionReview", "admission.k8s.io/v1")?;
     let request = review.request;
     let verdict = match plugin {
         Some(plugin) => decide(plugin, &request, within).await,
@@ -196,12 +202,7 @@ pub async fn conversion(
     plugin: Option<&Plugin>,
     within: Duration,
 ) -> Result<Value, BadReview> {
-    let review: ConversionReview = parse(
-        body,
-        "ConversionReview",
-        |r: &ConversionReview| &r.api_version,
-        "apiextensions.k8s.io/v1",
-    )?;
+    let review: ConversionReview = parse(body, "ConversionReview", "apiextensions.k8s.io/v1")?;
     let request = review.request;
     let result = match plugin {
         None => Err(

@@ -38,7 +38,7 @@ fn load(name: &str) -> (Sandbox, Plugin) {
         })
         .unwrap();
         let plugin = sandbox
-            .load_file_blocking(&capstan_e2e::operator::test_plugin(&name))
+            .load_file_blocking(&crate::fixtures::test_plugin(&name))
             .unwrap_or_else(|e| panic!("{e} (build the test plugins: cargo xtask plugins)"));
         (sandbox, plugin)
     })
@@ -83,6 +83,32 @@ async fn webhook(plugins: &[&Plugin]) -> (Webhooks, Calls) {
 /// POSTs `body` to `path` over HTTPS, trusting only the webhook's CA bundle; returns
 /// the status code and the body.
 async fn post(webhooks: &Webhooks, path: &str, body: &Value) -> (u16, String) {
+    let mut tls = tls_connect(webhooks).await;
+    let body = body.to_string();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    answer(&mut tls).await
+}
+
+/// The status code and body of the answer on `tls`, read to its end.
+async fn answer(tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> (u16, String) {
+    let mut answer = Vec::new();
+    // A TLS peer that closes without close_notify is an error here: the answer is
+    // complete all the same.
+    let _ = tls.read_to_end(&mut answer).await;
+    let answer = String::from_utf8(answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+/// A TLS connection to the webhook, trusting only its CA bundle.
+async fn tls_connect(
+    webhooks: &Webhooks,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let addr = webhooks.local_addr().await.expect("the server runs");
     let bundle = webhooks.ca_bundle().await.unwrap();
     let mut roots = rustls::RootCertStore::empty();
@@ -98,24 +124,10 @@ async fn post(webhooks: &Webhooks, path: &str, body: &Value) -> (u16, String) {
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("127.0.0.1").unwrap();
-    let mut tls = connector
+    connector
         .connect(name, tcp)
         .await
-        .expect("the certificate is valid for 127.0.0.1 and signed by the announced CA");
-    let body = body.to_string();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tls.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    // A TLS peer that closes without close_notify is an error here: the answer is
-    // complete all the same.
-    let _ = tls.read_to_end(&mut answer).await;
-    let answer = String::from_utf8(answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
-    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (code, body.to_string())
+        .expect("the certificate is valid for 127.0.0.1 and signed by the announced CA")
 }
 
 fn admission_review(operation: &str, old: Option<Value>, new: Value) -> Value {
@@ -552,6 +564,106 @@ async fn unknown_paths_and_methods_are_refused() {
     webhooks.stop().await;
 }
 
+#[tokio::test]
+async fn an_oversized_review_is_refused_before_its_body_is_sent() {
+    let (_sandbox, plugin) = load("ticket");
+    let (webhooks, _) = webhook(&[&plugin]).await;
+    for (path, limit) in [
+        (TICKETS, MAX_ADMISSION_BODY),
+        ("/convert/tickets.test.capstan.dev", MAX_CONVERSION_BODY),
+    ] {
+        let mut tls = tls_connect(&webhooks).await;
+        // 64 MiB announced, not a byte of it sent: the answer comes all the same.
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            64 << 20
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        let (code, body) = tokio::time::timeout(Duration::from_secs(5), answer(&mut tls))
+            .await
+            .expect("refused without waiting for the body");
+        assert_eq!(code, 413, "{body}");
+        assert!(
+            body.contains(&format!("over this webhook's limit of {limit}")),
+            "{body}"
+        );
+    }
+    webhooks.stop().await;
+}
+
+#[tokio::test]
+async fn a_review_of_another_kind_is_refused_on_its_head() {
+    let (_sandbox, plugin) = load("ticket");
+    let (webhooks, _) = webhook(&[&plugin]).await;
+    let conversion = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+        "request": {"uid": "1", "desiredAPIVersion": "v1", "objects": []}});
+    let (code, body) = post(&webhooks, TICKETS, &conversion).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.starts_with(
+            "not a AdmissionReview v1: it is a ConversionReview apiextensions.k8s.io/v1"
+        ),
+        "{body}"
+    );
+    webhooks.stop().await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_closed_and_reviews_go_on_once_they_go() {
+    let (_sandbox, plugin) = load("ticket");
+    let (webhooks, _) = webhook(&[&plugin]).await;
+    let addr = webhooks.local_addr().await.unwrap();
+    // Idle clients that never start their TLS handshake hold every connection.
+    let mut idle = Vec::new();
+    for _ in 0..crate::operator::http::MAX_CONNECTIONS {
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // One more is accepted and closed at once (the accept loop takes them in order, so
+    // retry until the cap is reached by the server's count).
+    let closed = wait_until(Duration::from_secs(10), || async {
+        let mut extra = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(500), extra.read(&mut byte)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(
+        closed.is_some(),
+        "a connection beyond the cap was kept open"
+    );
+    drop(idle);
+    let ticket = ticket(json!({"owner": "ana"}));
+    let served = wait_until(Duration::from_secs(10), || async {
+        let review = admission_review("CREATE", None, ticket.clone());
+        let (code, _) = post(&webhooks, TICKETS, &review).await;
+        (code == 200).then_some(())
+    })
+    .await;
+    assert!(
+        served.is_some(),
+        "the webhook serves again once the idle clients went"
+    );
+    webhooks.stop().await;
+}
+
+/// Calls `check` until it gives a value, for at most `within`.
+async fn wait_until<T, F, Fut>(within: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Some(value) = check().await {
+            return Some(value);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
 #[test]
 fn routes_name_the_policy_and_the_crd() {
     assert_eq!(
@@ -735,7 +847,7 @@ async fn a_standby_is_ready_only_once_it_serves_the_plugins_of_the_directory() {
     let dir = std::env::temp_dir().join(format!("capstan-standby-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(
-        capstan_e2e::operator::test_plugin("ticket"),
+        crate::fixtures::test_plugin("ticket"),
         dir.join("ticket.wasm"),
     )
     .unwrap();
