@@ -12,6 +12,25 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::contract::KindRef;
+use crate::plan::HOST_FIELD_MANAGER;
+
+/// Whether Capstan wrote `meta`'s object: a server-side apply of the host's (field
+/// manager `capstan`) or of one of its plugins (`capstan/<plugin>`) owns some of its
+/// fields. An owner reference alone proves nothing: anyone who may create an object
+/// may write one naming any parent, before the parent's first reconcile (a Secret
+/// whose password the plugin would then take for its own). Every child the host
+/// creates or adopts is written by such an apply.
+pub fn written_by_capstan(meta: &ObjectMeta) -> bool {
+    meta.managed_fields.iter().flatten().any(|entry| {
+        entry.operation.as_deref() == Some("Apply")
+            && entry.manager.as_deref().is_some_and(|manager| {
+                manager == HOST_FIELD_MANAGER
+                    || manager
+                        .strip_prefix(HOST_FIELD_MANAGER)
+                        .is_some_and(|rest| rest.starts_with('/'))
+            })
+    })
+}
 
 /// Annotation by which an object that no controller owns consents to be adopted by one
 /// parent: its value is `<plural>.<group>/<name>` of that parent (`<plural>/<name>` for
@@ -22,7 +41,8 @@ pub const ADOPT_ANNOTATION: &str = "capstan.dev/allow-adoption-by";
 /// What the host may do with an existing object that a parent wants as a child.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ownership {
-    /// This parent is its controller: the host may write and prune it.
+    /// This parent is its controller, and Capstan wrote it ([`written_by_capstan`]): the
+    /// host may write and prune it.
     Controlled,
     /// No controller, and the object names this parent in [`ADOPT_ANNOTATION`]: the host
     /// may take it over (it becomes [`Ownership::Controlled`]).
@@ -52,7 +72,13 @@ pub fn ownership(existing: &ObjectMeta, parent_uid: &str, adoption: &str) -> Own
         .flatten()
         .find(|o| o.controller == Some(true));
     match controller {
-        Some(c) if c.uid == parent_uid => Ownership::Controlled,
+        Some(c) if c.uid == parent_uid && written_by_capstan(existing) => Ownership::Controlled,
+        Some(c) if c.uid == parent_uid => Ownership::Foreign {
+            controller: Some(format!(
+                "{}/{} in its ownerReferences, though Capstan never wrote it",
+                c.kind, c.name
+            )),
+        },
         Some(c) => Ownership::Foreign {
             controller: Some(format!("{}/{}", c.kind, c.name)),
         },
@@ -74,7 +100,7 @@ pub fn ownership(existing: &ObjectMeta, parent_uid: &str, adoption: &str) -> Own
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
 
     fn widget() -> KindRef {
         KindRef {
@@ -102,7 +128,52 @@ mod tests {
             name: Some("precious".into()),
             owner_references: (!owners.is_empty()).then_some(owners),
             annotations: adopt.map(|v| [(ADOPT_ANNOTATION.to_string(), v.to_string())].into()),
+            managed_fields: Some(vec![managed("capstan/widget", "Apply")]),
             ..ObjectMeta::default()
+        }
+    }
+
+    fn managed(manager: &str, operation: &str) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            ..ManagedFieldsEntry::default()
+        }
+    }
+
+    #[test]
+    fn an_owner_reference_to_this_parent_that_capstan_never_wrote_is_forged() {
+        // A user who may create Secrets writes one naming the parent as its controller.
+        for managers in [
+            vec![],
+            vec![managed("kubectl-create", "Update")],
+            vec![managed("kubectl", "Apply")],
+            vec![managed("capstanx/widget", "Apply")],
+            vec![managed("capstan/widget", "Update")],
+        ] {
+            let mut m = meta(vec![owner("u-1", Some(true))], None);
+            m.managed_fields = Some(managers.clone());
+            assert!(!written_by_capstan(&m), "{managers:?}");
+            match ownership(&m, "u-1", "widgets.test.capstan.dev/w") {
+                Ownership::Foreign {
+                    controller: Some(c),
+                } => {
+                    assert!(c.contains("though Capstan never wrote it"), "{c}")
+                }
+                other => panic!("{managers:?}: {other:?}"),
+            }
+        }
+        // The host's own applies: a plugin's field manager, or the host's (older hosts).
+        for manager in ["capstan/widget", "capstan"] {
+            let mut m = meta(vec![owner("u-1", Some(true))], None);
+            m.managed_fields = Some(vec![
+                managed("kubectl-edit", "Update"),
+                managed(manager, "Apply"),
+            ]);
+            assert_eq!(
+                ownership(&m, "u-1", "widgets.test.capstan.dev/w"),
+                Ownership::Controlled
+            );
         }
     }
 

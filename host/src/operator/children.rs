@@ -167,7 +167,7 @@ impl KindCache {
             }
             let mut events = watcher(api, config)
                 .default_backoff()
-                .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
+                .modify(as_cached)
                 .boxed();
             let mut relist: Option<Index> = None;
             while let Some(event) = events.next().await {
@@ -301,7 +301,22 @@ fn group_of(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
-/// A cache that a test feeds with watch events instead of a watch.
+/// What the cache keeps of a watched object. A child is a parent's only if Capstan
+/// wrote it ([`crate::ownership::written_by_capstan`]): an object that merely names a
+/// parent in its owner references (anyone who may create one can, before the parent's
+/// first reconcile) is kept out of every parent's children, so no plugin is shown it
+/// and no prune touches it; a write of that name is then a conflict. Its managed
+/// fields are dropped after that: nothing else reads them, and they are a good part of
+/// an object's size.
+fn as_cached(object: &mut DynamicObject) {
+    if !crate::ownership::written_by_capstan(&object.metadata) {
+        object.metadata.owner_references = None;
+    }
+    object.managed_fields_mut().clear();
+}
+
+/// A cache that a test feeds with watch events instead of a watch, each object kept as
+/// a watch keeps it ([`as_cached`]).
 #[cfg(test)]
 pub(super) struct Feed {
     cache: Arc<KindCache>,
@@ -366,6 +381,7 @@ impl Feed {
     }
 
     fn event(&mut self, event: watcher::Event<DynamicObject>) {
+        let event = event.modify(as_cached);
         self.cache.apply(event, &mut self.relist, &self.ar);
     }
 }

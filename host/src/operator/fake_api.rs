@@ -490,7 +490,9 @@ impl StoreState {
             // As the API server does: an apply that creates ignores the resourceVersion
             // it carries (the host's create-only apply carries one no object can have).
             let ns = target.namespace();
-            return (201, self.insert_new(&target.path, call.body.clone(), ns));
+            let mut created = call.body.clone();
+            record_manager(&mut created, call);
+            return (201, self.insert_new(&target.path, created, ns));
         };
         if wanted_rv.is_some_and(|rv| *rv != old["metadata"]["resourceVersion"]) {
             return status(
@@ -504,6 +506,9 @@ impl StoreState {
             meta.remove("resourceVersion");
         }
         let mut next = old.clone();
+        if apply {
+            record_manager(&mut next, call);
+        }
         if target.status {
             // Only the status of a `/status` write counts.
             merge(
@@ -520,6 +525,30 @@ impl StoreState {
             return (200, old);
         }
         (200, self.store(&target.path, next))
+    }
+}
+
+/// Records the field manager of the apply `call` in `obj`'s managedFields (an entry of
+/// operation Apply), as the API server does.
+fn record_manager(obj: &mut Value, call: &Call) {
+    let Some(manager) = call
+        .query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("fieldManager="))
+    else {
+        return;
+    };
+    let manager = manager.replace("%2F", "/").replace("%2f", "/");
+    let entries = &mut obj["metadata"]["managedFields"];
+    if !entries.is_array() {
+        *entries = json!([]);
+    }
+    let entries = entries.as_array_mut().expect("an array");
+    if !entries
+        .iter()
+        .any(|e| e["manager"] == manager.as_str() && e["operation"] == "Apply")
+    {
+        entries.push(json!({"manager": manager, "operation": "Apply", "apiVersion": "v1", "fieldsType": "FieldsV1"}));
     }
 }
 
@@ -545,6 +574,13 @@ fn merge(target: &mut Value, patch: Value) {
 /// The object a server-side apply would return: the patch, with a UID and a
 /// resourceVersion, and `managed_fields` as its managedFields.
 pub fn applied(patch: &Value, managed_fields: Value) -> (u16, Value) {
+    // The host's field manager, as every apply of the host's leaves.
+    let managed_fields = match managed_fields {
+        Value::Array(entries) if entries.is_empty() => {
+            json!([{"manager": "capstan/widget", "operation": "Apply"}])
+        }
+        other => other,
+    };
     let mut obj = patch.clone();
     obj["metadata"]["uid"] = json!("uid-child");
     obj["metadata"]["resourceVersion"] = json!("7");
@@ -585,14 +621,31 @@ mod tests {
             .await;
         assert!(matches!(taken, Err(kube::Error::Api(s)) if s.code == 409));
         // An apply that changes nothing keeps the version; one that changes moves it.
+        // (The first apply of a manager records it, which is a change.)
         let apply = PatchParams::apply("test");
+        let first = api
+            .patch("a", &apply, &Patch::Apply(&configmap("a", "1")))
+            .await
+            .unwrap();
+        assert_ne!(
+            first.metadata.resource_version,
+            made.metadata.resource_version
+        );
+        assert_eq!(
+            first
+                .metadata
+                .managed_fields
+                .as_ref()
+                .and_then(|m| m[0].manager.as_deref()),
+            Some("test")
+        );
         let same = api
             .patch("a", &apply, &Patch::Apply(&configmap("a", "1")))
             .await
             .unwrap();
         assert_eq!(
             same.metadata.resource_version,
-            made.metadata.resource_version
+            first.metadata.resource_version
         );
         let changed = api
             .patch("a", &apply, &Patch::Apply(&configmap("a", "3")))

@@ -1186,3 +1186,48 @@ async fn a_canary_steps_up_on_its_schedule_and_each_step_reconciles_the_parents_
     assert_eq!(sent(Duration::from_millis(400)).await, all);
     driver.abort();
 }
+
+#[tokio::test]
+async fn a_child_forged_with_the_parents_owner_reference_is_a_conflict_never_used() {
+    let mut s = Scenario::new("widget");
+    let w = s.create("w", json!({"count": 1, "message": "hi"}));
+    let uid = s.store.get(&w).unwrap()["metadata"]["uid"].clone();
+    // Before the parent's first reconcile, a user who may create ConfigMaps (or Secrets)
+    // writes its first child, naming the parent as its controller.
+    s.store.create(
+        &configmaps(),
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "w-0", "labels": {"app.kubernetes.io/managed-by": "capstan"},
+                   "ownerReferences": [{"apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+                       "name": "w", "uid": uid, "controller": true}]},
+               "data": {"password": "chosen-by-the-user"}}),
+    );
+    s.catch_up_only(&cm("w", 0));
+    s.reconcile(&w).await;
+    let forged = s.store.get(&cm("w", 0)).unwrap();
+    assert_eq!(
+        forged["data"],
+        json!({"password": "chosen-by-the-user"}),
+        "the forged child was written to"
+    );
+    assert!(
+        forged["metadata"].get("managedFields").is_none(),
+        "no apply of the host's reached it: {forged}"
+    );
+    let status = s.store.get(&w).unwrap()["status"].clone();
+    let ready = &status["conditions"][0];
+    assert_eq!(ready["type"], "Ready", "{status}");
+    assert_eq!(ready["status"], "False", "{status}");
+    assert_eq!(ready["reason"], "ChildConflict", "{status}");
+    assert!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("though Capstan never wrote it")),
+        "{status}"
+    );
+    assert!(
+        s.store
+            .event_reasons()
+            .contains(&"ChildConflict".to_string())
+    );
+}

@@ -232,7 +232,8 @@ mod tests {
         });
         json!({"apiVersion": "v1", "kind": "ConfigMap",
                "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c", "resourceVersion": "5",
-                            "ownerReferences": owners, "annotations": annotations},
+                            "ownerReferences": owners, "annotations": annotations,
+                            "managedFields": [{"manager": "capstan/widget", "operation": "Apply"}]},
                "data": {"k": "mine"}})
     }
 
@@ -393,6 +394,34 @@ mod tests {
         let all = calls.all();
         assert_eq!(all.len(), 3, "{:?}", calls.summary());
         assert!(all[2].has_query("force=true") && !is_create_only(&all[2]));
+    }
+
+    #[tokio::test]
+    async fn an_object_forged_with_this_parent_as_controller_is_a_conflict_never_written() {
+        // Created by a user before the parent's first reconcile: its controller is the
+        // parent, but no apply of Capstan's ever wrote it.
+        let mut forged = existing(Some("uid-w"), json!({}));
+        forged["metadata"]["managedFields"] =
+            json!([{"manager": "kubectl-create", "operation": "Update"}]);
+        let (writes, calls) = fake(server(Some(forged)));
+        let outcome = writes
+            .apply_child(&configmaps(), &parent(), &child("c"), false)
+            .await
+            .unwrap();
+        match outcome {
+            ChildOutcome::Conflict(conflict) => assert!(
+                conflict
+                    .to_string()
+                    .contains("though Capstan never wrote it"),
+                "{conflict}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            calls.summary(),
+            [format!("PATCH {CM}"), format!("GET {CM}")],
+            "the create-only apply was refused, the read found the forgery, nothing else"
+        );
     }
 
     #[tokio::test]
