@@ -387,12 +387,13 @@ fn compiled_code_is_cached_on_disk() {
         .unwrap()
         .load_file_blocking(&plugin("uuid"))
         .unwrap();
-    let entries: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let entries = cache_entries(dir.path());
     assert_eq!(entries.len(), 1, "{entries:?}");
-    let name = entries[0].to_string_lossy().into_owned();
+    let name = entries[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     assert!(
         name.starts_with(first.sha256()) && name.ends_with(".cwasm"),
         "{name}"
@@ -425,6 +426,106 @@ fn compiled_code_is_cached_on_disk() {
             .unwrap()
             .load_file_blocking(&plugin("uuid"))
             .is_ok()
+    );
+}
+
+/// Hostile: compiled code planted in the compile cache runs in the host, outside the
+/// sandbox and past `--verify-key`. Each entry is sealed with a key the cache's writer
+/// holds; code that does not carry that seal is compiled again, never loaded.
+#[test]
+fn code_planted_in_the_compile_cache_is_not_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SandboxConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..SandboxConfig::default()
+    };
+    let load = |name: &str| {
+        Sandbox::new(config.clone())
+            .unwrap()
+            .load_file_blocking(&test_plugin(name))
+            .unwrap()
+    };
+    let widget = load("widget");
+    let guard = load("guard");
+    let entry_of = |sha: &str| {
+        cache_entries(dir.path())
+            .into_iter()
+            .find(|e| e.file_name().unwrap().to_string_lossy().starts_with(sha))
+            .unwrap()
+    };
+    let (widget_entry, guard_entry) = (entry_of(widget.sha256()), entry_of(guard.sha256()));
+    // Sealed for another component: the guard's code under the widget's name.
+    std::fs::copy(&guard_entry, &widget_entry).unwrap();
+    assert_eq!(load("widget").info().name, "widget", "the planted code ran");
+    // Unsealed code, as anyone with wasmtime can compile it.
+    let guard_code = std::fs::read(&guard_entry).unwrap();
+    std::fs::write(&widget_entry, &guard_code[..guard_code.len() - 40]).unwrap();
+    assert_eq!(load("widget").info().name, "widget", "the planted code ran");
+    // Sealed with another key: the guard's entry of another cache.
+    let other = tempfile::tempdir().unwrap();
+    let guard_elsewhere = Sandbox::new(SandboxConfig {
+        cache_dir: Some(other.path().to_path_buf()),
+        ..SandboxConfig::default()
+    })
+    .unwrap()
+    .load_file_blocking(&test_plugin("guard"))
+    .unwrap();
+    let foreign = cache_entries(other.path())
+        .into_iter()
+        .find(|e| {
+            e.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(guard_elsewhere.sha256())
+        })
+        .unwrap();
+    std::fs::copy(&foreign, &guard_entry).unwrap();
+    assert_eq!(load("guard").info().name, "guard");
+    assert_ne!(
+        std::fs::read(&guard_entry).unwrap(),
+        std::fs::read(&foreign).unwrap(),
+        "the foreign entry was compiled over"
+    );
+    // And a well-sealed entry is loaded as it is: not compiled again.
+    let sealed = std::fs::read(&guard_entry).unwrap();
+    load("guard");
+    assert_eq!(std::fs::read(&guard_entry).unwrap(), sealed);
+}
+
+/// A cache that others may write to, or whose key others may read, is not used: every
+/// plugin compiles, and nothing is written to it.
+#[test]
+fn a_compile_cache_others_may_write_or_read_is_not_used() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let config = SandboxConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..SandboxConfig::default()
+    };
+    let load = || {
+        Sandbox::new(config.clone())
+            .unwrap()
+            .load_file_blocking(&test_plugin("widget"))
+            .unwrap()
+    };
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    load();
+    assert!(
+        cache_entries(dir.path()).is_empty(),
+        "a world-writable cache was written"
+    );
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    load();
+    assert_eq!(cache_entries(dir.path()).len(), 1);
+    let key = dir.path().join(".key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for entry in cache_entries(dir.path()) {
+        std::fs::remove_file(entry).unwrap();
+    }
+    load();
+    assert!(
+        cache_entries(dir.path()).is_empty(),
+        "a cache with a readable key was written"
     );
 }
 
@@ -486,9 +587,12 @@ fn precompiled_code_is_used_only_by_an_engine_it_was_compiled_for() {
         "postgresql",
         "taken from the precompiled dir"
     );
+    // Copied into the cache, sealed with the cache's key (the seal is the last 40
+    // bytes: an HMAC-SHA256 and the magic).
+    let unsealed = |bytes: Vec<u8>| bytes[..bytes.len() - 40].to_vec();
     assert_eq!(
-        std::fs::read(cache.path().join(uuid_entry.file_name().unwrap())).unwrap(),
-        std::fs::read(&postgresql_entry).unwrap(),
+        unsealed(std::fs::read(cache.path().join(uuid_entry.file_name().unwrap())).unwrap()),
+        unsealed(std::fs::read(&postgresql_entry).unwrap()),
         "copied into the cache"
     );
     // Without a cache, the code is read from the directory.

@@ -519,6 +519,12 @@ struct SandboxArgs {
     /// none without $HOME: compile every time).
     #[arg(long, env = "CAPSTAN_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// The key the compile cache's entries are sealed with: a file of at least 32
+    /// bytes that only this user may read (a mounted Secret). Default: `.key` in the
+    /// cache directory, made on first use. Compiled code whose seal does not verify is
+    /// compiled again, never loaded.
+    #[arg(long, env = "CAPSTAN_COMPILE_CACHE_KEY_FILE")]
+    compile_cache_key_file: Option<PathBuf>,
     /// A read-only directory of compiled code (`capstan precompile`) behind the cache:
     /// what the cache lacks is copied from there when it has the same plugin compiled
     /// by the same wasmtime for the same CPU.
@@ -543,6 +549,7 @@ impl SandboxArgs {
             cache_dir: self.cache_dir.clone().or_else(|| {
                 std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/capstan/compiled"))
             }),
+            cache_key_file: self.compile_cache_key_file.clone(),
             precompiled_dir: self.precompiled_dir.clone(),
             instances: self.plugin_instances.unwrap_or(4).max(1),
             cpu: (self.plugin_cpu > 0.0).then_some(self.plugin_cpu.max(limits::MIN_CPU)),

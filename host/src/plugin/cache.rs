@@ -13,6 +13,15 @@
 //! compatibility hash (wasmtime version, compiler settings, the CPU features it
 //! compiles for), so code compiled by another wasmtime or for another CPU is simply not
 //! found, and wasmtime checks the same again when it loads the code.
+//!
+//! Compiled code runs inside the host, unsandboxed: a `.cwasm` planted in the cache
+//! would bypass `--verify-key` and every limit. So each entry is sealed: its code is
+//! followed by an HMAC-SHA256 of the component's sha256 and the code, under a key the
+//! cache's readers hold ([`CacheKey`]: `--compile-cache-key-file`, or a `.key` file in
+//! the cache directory that only this user may read). An entry whose seal does not
+//! verify is not loaded: it is compiled again, and the log says why. A cache directory
+//! that others may write to is not used at all. The precompiled directory is trusted
+//! as the host's image is (it is read-only there).
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -21,8 +30,165 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine};
+
+/// What ends a sealed entry: the seal's version.
+const MAGIC: &[u8; 8] = b"capstan1";
+/// The length of the seal's MAC.
+const TAG_LEN: usize = 32;
+/// The shortest key accepted.
+pub const MIN_KEY_LEN: usize = 32;
+
+/// The key entries are sealed with.
+#[derive(Clone)]
+pub struct CacheKey(std::sync::Arc<Vec<u8>>);
+
+impl std::fmt::Debug for CacheKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CacheKey(..)")
+    }
+}
+
+/// Why a cache cannot be used: compiled code then comes from compiling, every time.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheRefused {
+    /// Others may write to the directory: anyone could plant code in it.
+    #[error("{} is writable by others (mode {mode:o})", dir.display())]
+    WritableByOthers {
+        /// The directory.
+        dir: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The key file is not this user's alone, or too short, or unreadable.
+    #[error("its key {}: {reason}", path.display())]
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl CacheKey {
+    /// The key in `path`: at least [`MIN_KEY_LEN`] bytes, in a file only this user may
+    /// read and write. Created (random) when `create` and the file is absent.
+    pub fn from_file(path: &Path, create: bool) -> Result<CacheKey, CacheRefused> {
+        use std::io::Write as _;
+        use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+        let refused = |reason: String| CacheRefused::Key {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if create && !path.exists() {
+            let mut key = vec![0u8; 32];
+            rand::Rng::fill_bytes(&mut rand::make_rng::<rand::rngs::StdRng>(), &mut key);
+            let made = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .and_then(|mut f| f.write_all(&key));
+            match made {
+                Ok(()) => tracing::info!(key = %path.display(), "compile cache key created"),
+                // Another process made it first: read theirs.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(refused(format!("cannot create it: {e}"))),
+            }
+        }
+        let meta = std::fs::metadata(path).map_err(|e| refused(e.to_string()))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        #[allow(unsafe_code)]
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me {
+            return Err(refused(format!(
+                "owned by uid {}, not this user ({me})",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(refused(format!(
+                "mode {:o}: others may read or write it",
+                meta.mode() & 0o777
+            )));
+        }
+        let key = std::fs::read(path).map_err(|e| refused(e.to_string()))?;
+        if key.len() < MIN_KEY_LEN {
+            return Err(refused(format!(
+                "{} bytes, at least {MIN_KEY_LEN} needed",
+                key.len()
+            )));
+        }
+        Ok(CacheKey(std::sync::Arc::new(key)))
+    }
+
+    fn mac(&self, sha256: &str, code: &[u8]) -> Hmac<Sha256> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(sha256.as_bytes());
+        mac.update(&[0]);
+        mac.update(code);
+        mac
+    }
+
+    /// `code`, compiled from the component `sha256`, sealed: the code, its MAC, the
+    /// magic.
+    fn seal(&self, sha256: &str, code: &[u8]) -> Vec<u8> {
+        let tag = self.mac(sha256, code).finalize().into_bytes();
+        let mut sealed = Vec::with_capacity(code.len() + TAG_LEN + MAGIC.len());
+        sealed.extend_from_slice(code);
+        sealed.extend_from_slice(&tag);
+        sealed.extend_from_slice(MAGIC);
+        sealed
+    }
+
+    /// The code of the sealed entry `bytes` of the component `sha256`, if its seal
+    /// verifies; else why not.
+    fn open<'b>(&self, sha256: &str, bytes: &'b [u8]) -> Result<&'b [u8], Unusable> {
+        let (code, tag) = split_seal(bytes).ok_or(Unusable::Unsealed)?;
+        self.mac(sha256, code)
+            .verify_slice(tag)
+            .map_err(|_| Unusable::BadSeal)?;
+        Ok(code)
+    }
+}
+
+/// Why a cache entry is not loaded (it is compiled again).
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    /// No seal: written by a Capstan before entries were sealed, or planted.
+    #[error("it is not sealed (written by an earlier Capstan, or not by Capstan at all)")]
+    Unsealed,
+    /// A seal that does not verify: planted, or sealed for another component.
+    #[error(
+        "its seal does not verify with this cache's key: it was not written by a host holding the key, or not for this component"
+    )]
+    BadSeal,
+    /// Sealed, but wasmtime or the file system refused it.
+    #[error(transparent)]
+    Load(#[from] wasmtime::Error),
+}
+
+/// The code and the MAC of a sealed entry; none when `bytes` ends with no seal.
+fn split_seal(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let rest = bytes.strip_suffix(MAGIC.as_slice())?;
+    let at = rest.len().checked_sub(TAG_LEN)?;
+    Some(rest.split_at(at))
+}
+
+/// Whether the cache directory `dir` may be used: not writable by others.
+pub fn check_dir(dir: &Path) -> Result<(), CacheRefused> {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.mode() & 0o002 != 0 => Err(CacheRefused::WritableByOthers {
+            dir: dir.to_path_buf(),
+            mode: meta.mode() & 0o7777,
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// Entries of plugins not loaded in this process that the directory keeps, the most
 /// recently used first: a plugin removed and put back, or a rollback to the previous
@@ -99,8 +265,9 @@ fn in_use(path: &Path) -> bool {
 /// precompiled code behind it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CacheDirs<'a> {
-    /// The cache, written to; `None` compiles every time.
-    pub cache: Option<&'a Path>,
+    /// The cache, written to, and the key its entries are sealed with; `None` compiles
+    /// every time.
+    pub cache: Option<(&'a Path, &'a CacheKey)>,
     /// Precompiled code, only read (see the module's documentation).
     pub precompiled: Option<&'a Path>,
 }
@@ -120,7 +287,7 @@ pub fn compile(
 ) -> wasmtime::Result<(Component, Option<CacheEntry>)> {
     let name = entry_name(engine, sha256);
     let precompiled = dirs.precompiled.map(|d| d.join(&name));
-    let Some(dir) = dirs.cache else {
+    let Some((dir, key)) = dirs.cache else {
         if let Some(component) = precompiled.and_then(|p| load_precompiled(engine, &p)) {
             return Ok((component, None));
         }
@@ -132,26 +299,30 @@ pub fn compile(
     let mut entry = CacheEntry::hold(&path);
     if !path.exists()
         && let Some(from) = &precompiled
-        && !seed(dir, &path, from)
+        && !seed(dir, &path, from, key, sha256)
         && let Some(component) = load_precompiled(engine, from)
     {
         // The cache cannot take the copy: the code is read into memory instead.
         return Ok((component, None));
     }
     if path.exists() {
-        match deserialize(engine, &path) {
+        match deserialize(engine, &path, key, sha256) {
             Ok(component) => {
                 tracing::debug!(path = %path.display(), "compiled code taken from the cache");
                 mark_used(&path);
                 entry.lock();
                 return Ok((component, Some(entry)));
             }
+            // An earlier Capstan's entry is expected once after an upgrade.
+            Err(err @ Unusable::Unsealed) => {
+                tracing::info!(path = %path.display(), "not loading the cache entry, compiling the plugin again: {err}")
+            }
             Err(err) => {
-                tracing::warn!(path = %path.display(), "ignoring unusable cache entry: {err}")
+                tracing::warn!(path = %path.display(), "not loading the cache entry, compiling the plugin again: {err}")
             }
         }
     }
-    let component = compile_into(engine, compiler, dir, &path, bytes);
+    let component = compile_into(engine, compiler, dir, &path, bytes, key, sha256);
     return_freed_memory();
     entry.lock();
     Ok((component?, Some(entry)))
@@ -164,21 +335,21 @@ fn entry_name(engine: &Engine, sha256: &str) -> String {
 
 /// Copies the precompiled entry `from`, if there is one, into the cache as `path`
 /// (through a temporary file and a rename, like [`store`]): whether `path` now exists.
-fn seed(dir: &Path, path: &Path, from: &Path) -> bool {
+fn seed(dir: &Path, path: &Path, from: &Path, key: &CacheKey, sha256: &str) -> bool {
     if !from.is_file() {
         return false;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let copied = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::copy(from, &tmp))
-        .and_then(|_| std::fs::rename(&tmp, path));
+    let copied = std::fs::read(from).and_then(|bytes| {
+        // Trusted as the image is; sealed with this cache's key on the way in.
+        let code = split_seal(&bytes).map_or(bytes.as_slice(), |(code, _)| code);
+        store(dir, path, &key.seal(sha256, code))
+    });
     match copied {
         Ok(()) => {
             tracing::debug!(from = %from.display(), "compile cache seeded with precompiled code");
             true
         }
         Err(err) => {
-            let _ = std::fs::remove_file(&tmp);
             tracing::warn!(dir = %dir.display(), "cannot copy precompiled code into the compile cache: {err}");
             false
         }
@@ -196,11 +367,12 @@ fn load_precompiled(engine: &Engine, path: &Path) -> Option<Component> {
             return None;
         }
     };
+    let code = split_seal(&bytes).map_or(bytes.as_slice(), |(code, _)| code);
     // SAFETY: as in `deserialize_bytes`, but the bytes come from a file: wasmtime checks
     // its header, version and engine settings, and the name carries the compatibility
-    // hash of this engine; the file is trusted as much as the plugin directory is.
+    // hash of this engine; the directory is trusted as the host's image is.
     #[allow(unsafe_code)]
-    let loaded = unsafe { Component::deserialize(engine, &bytes) };
+    let loaded = unsafe { Component::deserialize(engine, code) };
     match loaded {
         Ok(component) => Some(component),
         Err(err) => {
@@ -288,15 +460,17 @@ fn compile_into(
     dir: &Path,
     path: &Path,
     bytes: &[u8],
+    key: &CacheKey,
+    sha256: &str,
 ) -> wasmtime::Result<Component> {
     let serialized = precompile(compiler, bytes)?;
-    if let Err(err) = store(dir, path, &serialized) {
+    if let Err(err) = store(dir, path, &key.seal(sha256, &serialized)) {
         tracing::warn!(dir = %dir.display(), "cannot write the compile cache: {err}");
         return deserialize_bytes(engine, &serialized);
     }
     evict(dir, KEPT_UNUSED);
     // Mapped from the file rather than kept from `serialized`: see `deserialize`.
-    deserialize(engine, path).or_else(|_| deserialize_bytes(engine, &serialized))
+    deserialize(engine, path, key, sha256).or_else(|_| deserialize_bytes(engine, &serialized))
 }
 
 /// The engine's compatibility hash: compiled code is usable by any engine with the same.
@@ -344,36 +518,54 @@ fn store(dir: &Path, path: &Path, serialized: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Maps the entry instead of reading it into memory: the code is then backed by the
+/// Loads the sealed entry `path` of the component `sha256`, once its seal verifies
+/// with `key`. Maps the code instead of keeping it in memory: it is then backed by a
 /// file, and only the pages a plugin runs become resident (a read copy kept all of it,
-/// 1-4 MiB a plugin). The map is of a private copy, unlinked once mapped, because a
-/// mapped file truncated by someone else would crash the host with SIGBUS; entries
-/// are only ever replaced by a rename, which leaves the copy intact anyway.
+/// 1-4 MiB a plugin). The map is of a private copy of the verified code, unlinked once
+/// mapped, because a mapped file truncated by someone else would crash the host with
+/// SIGBUS, and so that what is mapped is what was verified.
 #[allow(unsafe_code)]
-fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+fn deserialize(
+    engine: &Engine,
+    path: &Path,
+    key: &CacheKey,
+    sha256: &str,
+) -> Result<Component, Unusable> {
     static COPIES: AtomicU64 = AtomicU64::new(0);
+    let bytes = std::fs::read(path).map_err(wasmtime::Error::from)?;
+    let code = key.open(sha256, &bytes)?;
     let copy = path.with_extension(format!(
         "load{}-{}",
         std::process::id(),
         COPIES.fetch_add(1, Ordering::Relaxed)
     ));
-    if let Err(err) = std::fs::copy(path, &copy) {
+    let written = {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&copy)
+            .and_then(|mut f| f.write_all(code))
+    };
+    if let Err(err) = written {
         let _ = std::fs::remove_file(&copy);
-        // No room for the copy (a read-only cache, such as one in an image): the entry
-        // is read into memory instead, which keeps all of its code resident.
-        tracing::debug!(path = %path.display(), "cannot copy the cache entry, reading it: {err}");
-        let bytes = std::fs::read(path)?;
-        // SAFETY: as below; the bytes are this process's own copy.
-        return unsafe { Component::deserialize(engine, &bytes) };
+        // No room for the copy (a read-only cache, such as one in an image): the code
+        // is loaded from memory instead, which keeps all of it resident.
+        tracing::debug!(path = %path.display(), "cannot copy the cache entry, loading it from memory: {err}");
+        // SAFETY: as below; the bytes are this process's own, verified.
+        return Ok(unsafe { Component::deserialize(engine, code) }?);
     }
-    // SAFETY: the entry was written by `store` from `precompile_component` output of an
-    // engine with the same compatibility hash (part of the name) and renamed into place
-    // whole; wasmtime checks the header and the engine settings again. The copy has a
-    // name of this process alone and is unlinked right after it is mapped, so nothing
-    // can modify it while the component lives.
+    // SAFETY: the code's seal verified: a host holding this cache's key wrote it from
+    // `precompile_component` output of an engine with the same compatibility hash (part
+    // of the name); wasmtime checks the header and the engine settings again. The copy
+    // was created by this process (create_new, mode 0600, a name of its own) in a
+    // directory no one else may write to (`check_dir`), and is unlinked right after it
+    // is mapped.
     let component = unsafe { Component::deserialize_file(engine, &copy) };
     let _ = std::fs::remove_file(&copy);
-    component
+    Ok(component?)
 }
 
 #[allow(unsafe_code)]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use wasmtime::Engine;
 use wasmtime::component::Linker;
 
+use super::cache;
 use super::error::SandboxError;
 use super::error::one_line;
 use super::state::CallState;
@@ -32,6 +33,9 @@ pub struct SandboxConfig {
     pub memory_limit: usize,
     /// Where compiled code is cached; `None` compiles every time.
     pub cache_dir: Option<PathBuf>,
+    /// The key the cache's entries are sealed with (at least 32 bytes, this user's
+    /// alone); `None`: `.key` in the cache directory, made on first use.
+    pub cache_key_file: Option<PathBuf>,
     /// A read-only directory of precompiled code (`capstan precompile`), behind the
     /// cache: an entry the cache lacks is copied from there when it has one.
     pub precompiled_dir: Option<PathBuf>,
@@ -47,6 +51,7 @@ impl Default for SandboxConfig {
             deadline: Duration::from_secs(2),
             memory_limit: 64 << 20,
             cache_dir: None,
+            cache_key_file: None,
             precompiled_dir: None,
             instances: DEFAULT_INSTANCES,
             cpu: None,
@@ -63,6 +68,8 @@ pub struct Sandbox {
     pub(super) compiler: Arc<wasmtime::Config>,
     pub(super) linker: Arc<Linker<CallState>>,
     pub(super) config: Arc<SandboxConfig>,
+    /// The compile cache and its key, when there is a cache this host may use.
+    pub(super) cache: Option<(PathBuf, cache::CacheKey)>,
     pub(super) runtime: Arc<CallRuntime>,
     /// One permit per pooled instance slot.
     pub(super) slots: Arc<tokio::sync::Semaphore>,
@@ -124,7 +131,27 @@ impl Sandbox {
             .map_err(SandboxError::Runtime)?;
         let ticker = EpochTicker::start(engine.clone());
         let slots = Arc::new(tokio::sync::Semaphore::new(config.instances.max(1) as usize));
+        let cache = config.cache_dir.as_ref().and_then(|dir| {
+            let usable = cache::check_dir(dir).and_then(|()| match &config.cache_key_file {
+                Some(file) => cache::CacheKey::from_file(file, false),
+                None => {
+                    std::fs::create_dir_all(dir).map_err(|e| cache::CacheRefused::Key {
+                        path: dir.join(".key"),
+                        reason: format!("cannot create the cache directory: {e}"),
+                    })?;
+                    cache::CacheKey::from_file(&dir.join(".key"), true)
+                }
+            });
+            match usable {
+                Ok(key) => Some((dir.clone(), key)),
+                Err(refused) => {
+                    tracing::warn!(dir = %dir.display(), "the compile cache is not used, every plugin is compiled: {refused}");
+                    None
+                }
+            }
+        });
         Ok(Sandbox {
+            cache,
             engine,
             compiler: Arc::new(compiler_config(serving)),
             linker: Arc::new(linker),

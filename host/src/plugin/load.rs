@@ -80,7 +80,7 @@ impl Sandbox {
             &self.engine,
             &self.compiler,
             cache::CacheDirs {
-                cache: self.config.cache_dir.as_deref(),
+                cache: self.cache.as_ref().map(|(dir, key)| (dir.as_path(), key)),
                 precompiled: self.config.precompiled_dir.as_deref(),
             },
             bytes,
