@@ -384,7 +384,8 @@ impl OciStore {
                 .await
                 .map_err(Self::registry_error(&sig_ref))?;
             self.check_digest(&payload, &layer.digest, &sig_ref, "a signature payload")?;
-            match key.verify_simple_signing(&payload, signature, digest) {
+            let repository = format!("{}/{}", by_digest.registry(), by_digest.repository());
+            match key.verify_simple_signing(&payload, signature, digest, &repository) {
                 Ok(()) => {
                     debug!(reference = %by_digest.whole(), key = %key.path().display(), "signature verified");
                     return Ok(());

@@ -125,15 +125,18 @@ impl VerifyKey {
     }
 
     /// Checks a cosign signature layer: `signature` over `payload`, and `payload` names
-    /// `manifest_digest`.
+    /// `manifest_digest` of the repository `docker_reference` (registry and repository,
+    /// as pulled): a signature made for one repository does not pass for another that
+    /// holds the same bytes.
     pub fn verify_simple_signing(
         &self,
         payload: &[u8],
         signature: &str,
         manifest_digest: &str,
+        docker_reference: &str,
     ) -> Result<(), SignatureError> {
         self.verify(payload, signature)?;
-        check_payload(payload, manifest_digest)
+        check_payload(payload, manifest_digest, docker_reference)
     }
 }
 
@@ -214,8 +217,21 @@ pub fn simple_signing_payload(docker_reference: &str, manifest_digest: &str) -> 
     .expect("JSON of strings serializes")
 }
 
-/// `payload` is a cosign payload that names `manifest_digest`.
-fn check_payload(payload: &[u8], manifest_digest: &str) -> Result<(), SignatureError> {
+/// `reference` with Docker Hub's two names made one (cosign writes
+/// `index.docker.io/...`, a reference may say `docker.io/...`).
+fn canonical_repository(reference: &str) -> String {
+    match reference.strip_prefix("docker.io/") {
+        Some(rest) => format!("index.docker.io/{rest}"),
+        None => reference.to_string(),
+    }
+}
+
+/// `payload` is a cosign payload that names `manifest_digest` of `docker_reference`.
+fn check_payload(
+    payload: &[u8],
+    manifest_digest: &str,
+    docker_reference: &str,
+) -> Result<(), SignatureError> {
     let value: serde_json::Value = serde_json::from_slice(payload)
         .map_err(|e| SignatureError::Payload(format!("is not JSON: {e}")))?;
     let kind = value.pointer("/critical/type").and_then(|v| v.as_str());
@@ -231,6 +247,15 @@ fn check_payload(payload: &[u8], manifest_digest: &str) -> Result<(), SignatureE
         return Err(SignatureError::Payload(format!(
             "signs {}, not {manifest_digest}",
             signed.unwrap_or("no digest")
+        )));
+    }
+    let identity = value
+        .pointer("/critical/identity/docker-reference")
+        .and_then(|v| v.as_str());
+    if identity.map(canonical_repository) != Some(canonical_repository(docker_reference)) {
+        return Err(SignatureError::Payload(format!(
+            "signs the image of {}, not of {docker_reference}",
+            identity.unwrap_or("no repository")
         )));
     }
     Ok(())
@@ -275,15 +300,45 @@ mod tests {
     fn an_image_signature_by_cosign_verifies_for_its_digest_only() {
         let key = cosign_key();
         let digest = PAYLOAD_DIGEST.trim();
-        key.verify_simple_signing(PAYLOAD, PAYLOAD_SIG, digest)
+        let repository = "127.0.0.1:5077/plugins/fixture";
+        key.verify_simple_signing(PAYLOAD, PAYLOAD_SIG, digest, repository)
             .unwrap();
         let other = format!("sha256:{}", "0".repeat(64));
         let err = key
-            .verify_simple_signing(PAYLOAD, PAYLOAD_SIG, &other)
+            .verify_simple_signing(PAYLOAD, PAYLOAD_SIG, &other, repository)
             .unwrap_err();
         assert!(
             err.to_string().contains(&format!("signs {digest}")),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_signature_made_for_another_repository_does_not_pass() {
+        // The same bytes pushed to another repository, its signature copied along.
+        let key = cosign_key();
+        let digest = PAYLOAD_DIGEST.trim();
+        for elsewhere in [
+            "127.0.0.1:5077/plugins/other",
+            "127.0.0.1:5078/plugins/fixture",
+            "127.0.0.1:5077/plugins/fixture/more",
+        ] {
+            let err = key
+                .verify_simple_signing(PAYLOAD, PAYLOAD_SIG, digest, elsewhere)
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "{}",
+                    SignatureError::Payload(format!(
+                        "signs the image of 127.0.0.1:5077/plugins/fixture, not of {elsewhere}"
+                    ))
+                )
+            );
+        }
+        assert_eq!(
+            canonical_repository("docker.io/library/x"),
+            canonical_repository("index.docker.io/library/x")
         );
     }
 
@@ -308,7 +363,7 @@ mod tests {
         let signature = key.sign(&payload);
         let public = VerifyKey::from_pem(&key.public_pem(), Path::new("k.pub")).unwrap();
         public
-            .verify_simple_signing(&payload, &signature, &digest)
+            .verify_simple_signing(&payload, &signature, &digest, "127.0.0.1:5000/plugins/uuid")
             .unwrap();
         // cosign's own payload has the same shape: the fields verification reads.
         let theirs: serde_json::Value = serde_json::from_slice(PAYLOAD).unwrap();

@@ -176,6 +176,54 @@ async fn with_a_key_only_a_signature_of_that_very_digest_lets_a_plugin_in() {
     );
     let pulled = pull("plugins/moved:1").await.unwrap();
     assert_eq!(pulled.bytes, std::fs::read(uuid_other_build()).unwrap());
+
+    // Hostile: a signed image copied, with its signature, into another repository. The
+    // bytes and the digest are the same; the signature names the repository it was
+    // made for, so it does not let the copy in.
+    let printed = push(
+        &registry,
+        &plugin("uuid"),
+        "plugins/signed:1",
+        Some("signer.key"),
+    );
+    pull("plugins/signed:1").await.unwrap();
+    let digest = printed
+        .rsplit_once('@')
+        .expect("pushed by digest")
+        .1
+        .to_string();
+    let signature_tag = digest.replace(':', "-") + ".sig";
+    let crane = std::env::var_os("CAPSTAN_CRANE").unwrap();
+    for (from, to) in [
+        (
+            "plugins/signed:1".to_string(),
+            "plugins/stolen:1".to_string(),
+        ),
+        (
+            format!("plugins/signed:{signature_tag}"),
+            format!("plugins/stolen:{signature_tag}"),
+        ),
+    ] {
+        let out = Command::new(&crane)
+            .args(["copy", "--insecure"])
+            .arg(registry.reference(&from).trim_start_matches("oci://"))
+            .arg(registry.reference(&to).trim_start_matches("oci://"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let err = pull("plugins/stolen:1").await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            "signs the image of {}/plugins/signed, not of {}/plugins/stolen",
+            registry.address, registry.address
+        )),
+        "{err}"
+    );
 }
 
 #[tokio::test]
