@@ -148,6 +148,100 @@ pub fn sha256_digest(bytes: &[u8]) -> String {
     format!("sha256:{:x}", Sha256::digest(bytes))
 }
 
+/// Registry credentials, each for its own registry: what `imagePullSecrets` hold (a
+/// Docker `config.json`, `{"auths": {"REGISTRY": {"auth": base64("USER:PASSWORD")}}}`,
+/// or `username` and `password` in place of `auth`).
+#[derive(Clone, Default)]
+pub struct Credentials(BTreeMap<String, (String, String)>);
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The registries, never the secrets.
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+/// Why a credentials file was not read.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {reason}", path.display())]
+pub struct CredentialsError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl Credentials {
+    /// The registry a `config.json` key or a reference names, as one key: no scheme or
+    /// path, lower case, Docker Hub's names as `docker.io`.
+    fn registry_key(registry: &str) -> String {
+        let host = registry
+            .trim()
+            .trim_start_matches("https://")
+            .trim_start_matches("http://");
+        let host = host
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        match host.as_str() {
+            "index.docker.io" | "registry-1.docker.io" => "docker.io".to_string(),
+            _ => host,
+        }
+    }
+
+    /// Reads a Docker `config.json` (the `.dockerconfigjson` of an image pull Secret).
+    pub fn from_file(path: &Path) -> Result<Self, CredentialsError> {
+        let bad = |reason: String| CredentialsError {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        Self::from_config_json(&text).map_err(bad)
+    }
+
+    /// Parses a Docker `config.json`.
+    pub fn from_config_json(text: &str) -> Result<Self, String> {
+        use base64::Engine as _;
+        let config: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let auths = config
+            .get("auths")
+            .and_then(serde_json::Value::as_object)
+            .ok_or("no \"auths\" object (the config.json of docker login, or the .dockerconfigjson of an image pull Secret)")?;
+        let mut credentials = BTreeMap::new();
+        for (registry, entry) in auths {
+            let field = |name: &str| entry.get(name).and_then(serde_json::Value::as_str);
+            let pair = match (field("username"), field("password"), field("auth")) {
+                (Some(user), Some(password), _) => (user.to_string(), password.to_string()),
+                (_, _, Some(auth)) => {
+                    let decoded = base64::engine::general_purpose::STANDARD
+                        .decode(auth.trim())
+                        .map_err(|e| format!("{registry}: auth is not base64: {e}"))?;
+                    let decoded = String::from_utf8(decoded)
+                        .map_err(|_| format!("{registry}: auth is not text"))?;
+                    let (user, password) = decoded
+                        .split_once(':')
+                        .ok_or(format!("{registry}: auth is not USER:PASSWORD"))?;
+                    (user.to_string(), password.to_string())
+                }
+                _ => {
+                    return Err(format!(
+                        "{registry}: neither auth nor username and password"
+                    ));
+                }
+            };
+            credentials.insert(Self::registry_key(registry), pair);
+        }
+        Ok(Credentials(credentials))
+    }
+
+    /// The credentials of `registry`, if it has its own.
+    pub fn of(&self, registry: &str) -> Option<&(String, String)> {
+        self.0.get(&Self::registry_key(registry))
+    }
+}
+
 /// How the store reaches registries.
 #[derive(Debug, Clone, Default)]
 pub struct OciOptions {
@@ -156,8 +250,10 @@ pub struct OciOptions {
     /// Registries (`host:port`) spoken to over plain HTTP (a registry on loopback in a
     /// test); every other one over HTTPS.
     pub plain_http: Vec<String>,
-    /// Basic credentials for every registry; anonymous when none.
-    pub basic_auth: Option<(String, String)>,
+    /// Basic credentials by registry (`host[:port]`, Docker Hub as `docker.io`); a
+    /// registry not named is spoken to anonymously. Credentials are sent only to their
+    /// own registry ([`Credentials`]).
+    pub credentials: Credentials,
     /// With a key, an artifact is used only once a cosign signature of its digest by
     /// that key verifies.
     pub verify_key: Option<VerifyKey>,
@@ -234,8 +330,9 @@ impl OciStore {
             .map_err(|e| OciError::NoClient(e.clone()))
     }
 
-    fn auth(&self) -> RegistryAuth {
-        match &self.opts.basic_auth {
+    /// The credentials of `reference`'s registry, and none other's.
+    fn auth(&self, reference: &Reference) -> RegistryAuth {
+        match self.opts.credentials.of(reference.registry()) {
             Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
             None => RegistryAuth::Anonymous,
         }
@@ -258,7 +355,7 @@ impl OciStore {
         }
         let digest = self
             .client()?
-            .fetch_manifest_digest(reference, &self.auth())
+            .fetch_manifest_digest(reference, &self.auth(reference))
             .await
             .map_err(Self::registry_error(reference))?;
         if !is_sha256_digest(&digest) {
@@ -289,7 +386,7 @@ impl OciStore {
                     .client()?
                     .pull_manifest_raw(
                         &by_digest,
-                        &self.auth(),
+                        &self.auth(&by_digest),
                         &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE],
                     )
                     .await
@@ -339,7 +436,7 @@ impl OciStore {
         // The signature image by digest too: what is verified is what was read.
         let sig_digest = match self
             .client()?
-            .fetch_manifest_digest(&sig_tag, &self.auth())
+            .fetch_manifest_digest(&sig_tag, &self.auth(&sig_tag))
             .await
         {
             Ok(d) => d,
@@ -357,7 +454,7 @@ impl OciStore {
             .client()?
             .pull_manifest_raw(
                 &sig_ref,
-                &self.auth(),
+                &self.auth(&sig_ref),
                 &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE],
             )
             .await
@@ -539,12 +636,16 @@ impl OciStore {
         manifest: &OciImageManifest,
     ) -> Result<String, OciError> {
         self.client()?
-            .store_auth_if_needed(reference.resolve_registry(), &self.auth())
+            .store_auth_if_needed(reference.resolve_registry(), &self.auth(reference))
             .await;
         // The token for pushing (anonymous registries answer without one).
         if let Err(e) = self
             .client()?
-            .auth(reference, &self.auth(), oci_client::RegistryOperation::Push)
+            .auth(
+                reference,
+                &self.auth(reference),
+                oci_client::RegistryOperation::Push,
+            )
             .await
         {
             debug!("no push token: {e}");
@@ -672,6 +773,60 @@ pub fn default_cache_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_go_to_their_own_registry_only() {
+        use base64::Engine as _;
+        let auth = base64::engine::general_purpose::STANDARD.encode("robot:s3cret");
+        let config = format!(
+            r#"{{"auths": {{"registry.example.com": {{"auth": "{auth}"}},
+                "https://index.docker.io/v1/": {{"username": "hub", "password": "pw"}}}}}}"#
+        );
+        let credentials = Credentials::from_config_json(&config).unwrap();
+        let store = OciStore::new(OciOptions {
+            credentials,
+            ..OciOptions::default()
+        });
+        let auth_of = |reference: &str| match store.auth(&parse_reference(reference).unwrap()) {
+            RegistryAuth::Basic(user, password) => Some((user, password)),
+            RegistryAuth::Anonymous => None,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            auth_of("oci://registry.example.com/plugins/x:1"),
+            Some(("robot".into(), "s3cret".into()))
+        );
+        assert_eq!(
+            auth_of("oci://docker.io/library/x:1"),
+            Some(("hub".into(), "pw".into()))
+        );
+        // Another registry, a look-alike, another port: anonymous.
+        for elsewhere in [
+            "oci://evil.example.com/plugins/x:1",
+            "oci://registry.example.com.evil.io/plugins/x:1",
+            "oci://registry.example.com:5000/plugins/x:1",
+        ] {
+            assert_eq!(auth_of(elsewhere), None, "{elsewhere}");
+        }
+        assert!(
+            !format!("{:?}", store.opts.credentials).contains("s3cret"),
+            "a debug print shows no secret"
+        );
+        for (bad, says) in [
+            ("{}", "no \"auths\" object"),
+            (
+                r#"{"auths": {"r": {"auth": "!!"}}}"#,
+                "r: auth is not base64",
+            ),
+            (
+                r#"{"auths": {"r": {}}}"#,
+                "r: neither auth nor username and password",
+            ),
+        ] {
+            let err = Credentials::from_config_json(bad).unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
+    }
 
     #[test]
     fn references_name_their_registry_and_digests_are_sha256() {

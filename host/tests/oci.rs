@@ -57,7 +57,7 @@ fn store(registry: &Registry, cache: &Path, key: Option<&str>) -> OciStore {
     OciStore::new(OciOptions {
         cache: cache.to_path_buf(),
         plain_http: vec![registry.address.clone()],
-        basic_auth: None,
+        credentials: Default::default(),
         verify_key: key.map(|k| VerifyKey::from_pem_file(&fixture(k)).unwrap()),
     })
 }

@@ -343,20 +343,18 @@ struct RegistryAccessArgs {
     /// test registry on loopback. Repeatable.
     #[arg(long, value_name = "HOST:PORT")]
     oci_plain_http: Vec<String>,
-    /// The user name for the registries (with $CAPSTAN_OCI_PASSWORD); anonymous without.
-    #[arg(long, env = "CAPSTAN_OCI_USERNAME")]
-    oci_username: Option<String>,
+    /// Registry credentials, each sent only to its own registry: a Docker config.json
+    /// (`docker login`'s, or the `.dockerconfigjson` of an image pull Secret). A
+    /// registry it does not name is spoken to anonymously.
+    #[arg(long, env = "CAPSTAN_OCI_AUTH", value_name = "CONFIG_JSON")]
+    oci_auth: Option<PathBuf>,
 }
 
 impl RegistryAccessArgs {
     fn options(&self, verify_key: Option<VerifyKey>) -> Result<OciOptions> {
-        let basic_auth = match &self.oci_username {
-            Some(user) => {
-                let password = std::env::var("CAPSTAN_OCI_PASSWORD")
-                    .context("--oci-username needs the password in $CAPSTAN_OCI_PASSWORD")?;
-                Some((user.clone(), password))
-            }
-            None => None,
+        let credentials = match &self.oci_auth {
+            Some(file) => capstan::oci::Credentials::from_file(file)?,
+            None => capstan::oci::Credentials::default(),
         };
         Ok(OciOptions {
             cache: self
@@ -364,7 +362,7 @@ impl RegistryAccessArgs {
                 .clone()
                 .unwrap_or_else(capstan::oci::default_cache_dir),
             plain_http: self.oci_plain_http.clone(),
-            basic_auth,
+            credentials,
             verify_key,
         })
     }
