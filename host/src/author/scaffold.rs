@@ -60,6 +60,14 @@ pub fn create(parent: &Path, options: &NewOptions) -> Result<PathBuf> {
             dest.display()
         );
     }
+    // The SDKs are not on crates.io, PyPI or npm yet: a project that named
+    // `capstan-sdk` or `@capstan/sdk` there would build whatever anyone registers under
+    // that name (dependency confusion). So the project takes them from local packages.
+    if sdks.is_none() {
+        invalid!(
+            "the Capstan SDKs are not published yet: pass --sdks DIR, a directory of the SDK packages (`cargo xtask sdks` writes them into target/sdks), so that the project depends on no name anyone could register"
+        );
+    }
     let files = files(&names, options.language, sdks.as_deref())?;
     let tmp = parent.join(format!(".{}.new-{}", names.name, std::process::id()));
     let written = (|| -> Result<()> {
@@ -745,6 +753,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("already exists"), "{err}");
+
+        // Without --sdks the project would depend on names nobody has published yet.
+        let err = create(parent.path(), &options("unpublished", Language::Python))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("not published yet: pass --sdks DIR") && !err.contains('\n'),
+            "{err}"
+        );
 
         let sdks = tempfile::tempdir().unwrap();
         let o = NewOptions {

@@ -63,8 +63,9 @@ enum Command {
         /// The parent kind (default: NAME in CamelCase).
         #[arg(long)]
         kind: Option<String>,
-        /// Take the SDK from this directory of packages (`cargo xtask sdks` writes
-        /// target/sdks) instead of the public registry.
+        /// The directory of SDK packages the project takes its SDK from (`cargo xtask
+        /// sdks` writes target/sdks). Required until the SDKs are published: a project
+        /// must not name a package that anyone could register.
         #[arg(long)]
         sdks: Option<PathBuf>,
     },
