@@ -33,9 +33,15 @@ fn capstan_status(parent: &Value, uuid: &str, now: &str) -> Value {
         events: vec![],
         requeue_after_seconds: None,
     };
-    capstan::plan::plan(&uuid_info(), parent, desired, now)
-        .expect("a valid answer")
-        .status
+    capstan::plan::plan(
+        &uuid_info(),
+        parent,
+        desired,
+        now,
+        &capstan::grant::Grant::default(),
+    )
+    .expect("a valid answer")
+    .status
 }
 
 #[test]
