@@ -24,6 +24,7 @@ fn registry(dir: &Path, metrics: Arc<Metrics>, sandbox: Sandbox) -> PluginRegist
             poll_interval: Duration::from_secs(1),
             install_crds: false,
             controller: ControllerOptions {
+                identities: None,
                 namespace: Some("ns".into()),
                 default_resync: Duration::from_secs(300),
                 concurrency: 1,
