@@ -122,10 +122,144 @@ fn webhook_rules(role: &str, plugins: &[PluginInfo], configuration: &str) -> Vec
     rules
 }
 
+/// The prefix of a plugin's own ServiceAccount, ClusterRole and ClusterRoleBinding
+/// (`capstan run --plugin-identities`).
+pub const PLUGIN_ACCOUNT_PREFIX: &str = "capstan-plugin-";
+
+/// Verbs of a plugin's own account on its child kinds: get (the owner of an object
+/// whose name a desired child takes), create and patch (server-side apply), delete
+/// (prune). No list or watch: the host's shared caches read the children.
+const PLUGIN_CHILD_VERBS: &[&str] = &["get", "create", "patch", "delete"];
+
+/// The Role and RoleBinding that let the host's ServiceAccount `host` (in
+/// `namespace`) make its requests as each of `plugins`' own accounts there
+/// (impersonation, by name, in that namespace only).
+pub fn impersonation(plugins: &[PluginInfo], namespace: &str, host: &str) -> Vec<Value> {
+    let mut accounts: Vec<String> = plugins
+        .iter()
+        .map(|p| format!("{PLUGIN_ACCOUNT_PREFIX}{}", p.name))
+        .collect();
+    accounts.sort();
+    accounts.dedup();
+    let name = format!("{host}-impersonate-plugins");
+    let labels = json!({"app.kubernetes.io/name": "capstan"});
+    vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": name, "namespace": namespace, "labels": labels},
+               "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"],
+                          "resourceNames": accounts, "verbs": ["impersonate"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": name, "namespace": namespace, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": host, "namespace": namespace}]}),
+    ]
+}
+
+/// A plugin's own identity in `namespace` (`capstan run --plugin-identities`): its
+/// ServiceAccount, and a ClusterRole bound to it that allows what its declarations
+/// need and nothing else: its parents (list, watch, patch; their status and
+/// finalizers), its child kinds (get, create, patch, delete) and events.
+pub fn plugin_identity(info: &PluginInfo, namespace: &str) -> Vec<Value> {
+    let name = format!("{PLUGIN_ACCOUNT_PREFIX}{}", info.name);
+    let labels = json!({"app.kubernetes.io/name": "capstan", "capstan.dev/plugin": info.name});
+    let parent = &info.parent;
+    let mut rules = vec![
+        json!({"apiGroups": [parent.group], "resources": [parent.plural], "verbs": PARENT_VERBS}),
+        json!({"apiGroups": [parent.group], "resources": [format!("{}/status", parent.plural)], "verbs": STATUS_VERBS}),
+        json!({"apiGroups": [parent.group], "resources": [format!("{}/finalizers", parent.plural)], "verbs": FINALIZERS_VERBS}),
+    ];
+    let mut children: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for child in &info.children {
+        let plurals = children.entry(child.group.as_str()).or_default();
+        if !plurals.contains(&child.plural.as_str()) {
+            plurals.push(child.plural.as_str());
+        }
+    }
+    for (group, mut plurals) in children {
+        plurals.sort();
+        rules
+            .push(json!({"apiGroups": [group], "resources": plurals, "verbs": PLUGIN_CHILD_VERBS}));
+    }
+    rules.push(json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}));
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": name, "namespace": namespace, "labels": labels},
+               "automountServiceAccountToken": false}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": name, "labels": labels}, "rules": rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": name, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::contract::KindRef;
+
+    #[test]
+    fn a_plugins_own_role_allows_its_parents_children_and_events_only() {
+        let info = PluginInfo {
+            name: "widget".into(),
+            parent: kind("test.capstan.dev", "Widget", "widgets"),
+            children: vec![
+                kind("", "ConfigMap", "configmaps"),
+                kind("apps", "StatefulSet", "statefulsets"),
+            ],
+            related: vec![kind("", "Secret", "secrets")],
+            ..PluginInfo::default()
+        };
+        let objects = plugin_identity(&info, "capstan-system");
+        assert_eq!(objects[0]["kind"], "ServiceAccount");
+        assert_eq!(objects[0]["metadata"]["name"], "capstan-plugin-widget");
+        assert_eq!(objects[0]["automountServiceAccountToken"], false);
+        let rules = objects[1]["rules"].as_array().unwrap();
+        let resources: Vec<String> = rules
+            .iter()
+            .flat_map(|r| {
+                r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_string())
+            })
+            .collect();
+        assert_eq!(
+            resources,
+            [
+                "widgets",
+                "widgets/status",
+                "widgets/finalizers",
+                "configmaps",
+                "statefulsets",
+                "events"
+            ]
+        );
+        // Related kinds are read by the host's caches, never by the plugin's account.
+        assert!(!resources.contains(&"secrets".to_string()));
+        for rule in rules {
+            for verb in rule["verbs"].as_array().unwrap() {
+                assert!(
+                    !["*", "list", "update", "escalate", "bind", "impersonate"]
+                        .contains(&verb.as_str().unwrap())
+                        || (verb == "list" && rule["resources"][0] == "widgets")
+                        || (verb == "update" && rule["resources"][0] == "widgets/finalizers"),
+                    "{rule}"
+                );
+            }
+        }
+        assert_eq!(objects[2]["subjects"][0]["namespace"], "capstan-system");
+        let host = impersonation(&[info], "capstan-system", "capstan");
+        assert_eq!(host[0]["metadata"]["namespace"], "capstan-system");
+        assert_eq!(
+            host[0]["rules"],
+            json!([{"apiGroups": [""], "resources": ["serviceaccounts"],
+                    "resourceNames": ["capstan-plugin-widget"], "verbs": ["impersonate"]}])
+        );
+        assert_eq!(host[1]["subjects"][0]["name"], "capstan");
+    }
 
     fn kind(group: &str, kind: &str, plural: &str) -> KindRef {
         KindRef {

@@ -192,6 +192,11 @@ enum Command {
         /// --webhook-configuration), when a plugin validates.
         #[arg(long, default_value = "capstan")]
         webhook_configuration: String,
+        /// Also print each plugin's own ServiceAccount, ClusterRole and binding in
+        /// NAMESPACE, and the Role that lets the host's account (`--name`, in NAMESPACE)
+        /// impersonate them, for `capstan run --plugin-identities NAMESPACE`.
+        #[arg(long, value_name = "NAMESPACE")]
+        plugin_identities: Option<String>,
         #[command(flatten)]
         sandbox: SandboxArgs,
     },
@@ -309,6 +314,12 @@ struct RunArgs {
     /// `capstan.dev/force-release-finalizer=true`. Repeatable.
     #[arg(long, value_name = "KIND")]
     force_release_finalizers: Vec<String>,
+    /// Make every request of a plugin (its parents' watch, its writes) as its own
+    /// ServiceAccount `capstan-plugin-<plugin>` in NAMESPACE, by impersonation: the API
+    /// server then bounds each plugin to the RBAC `capstan rbac --plugin-identities`
+    /// prints for it (docs/security.md).
+    #[arg(long, env = "CAPSTAN_PLUGIN_IDENTITIES", value_name = "NAMESPACE")]
+    plugin_identities: Option<String>,
     #[command(flatten)]
     webhook: WebhookArgs,
     #[command(flatten)]
@@ -632,6 +643,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             name,
             install_crds,
             webhook_configuration,
+            plugin_identities,
             sandbox,
         } => offline::rbac(
             &sandbox.sandbox()?,
@@ -639,6 +651,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             &name,
             install_crds,
             &webhook_configuration,
+            plugin_identities.as_deref(),
         )?,
         Command::SeedPlugins { src, dst } => distribute::seed_plugins(&src, &dst)?,
         Command::Precompile { plugins, out } => distribute::precompile(&plugins, &out)?,

@@ -80,6 +80,7 @@ pub fn rbac(
     name: &str,
     install_crds: bool,
     webhook_configuration: &str,
+    plugin_identities: Option<&str>,
 ) -> Result<()> {
     let infos = super::distribute::wasm_files(plugins)?
         .iter()
@@ -87,5 +88,14 @@ pub fn rbac(
         .collect::<Result<Vec<_>>>()?;
     let role = capstan::rbac::cluster_role(name, &infos, install_crds, webhook_configuration);
     print!("{}", serde_yaml_ng::to_string(&role)?);
+    if let Some(namespace) = plugin_identities {
+        let mut objects = capstan::rbac::impersonation(&infos, namespace, name);
+        for info in &infos {
+            objects.extend(capstan::rbac::plugin_identity(info, namespace));
+        }
+        for object in objects {
+            print!("---\n{}", serde_yaml_ng::to_string(&object)?);
+        }
+    }
     Ok(())
 }

@@ -66,6 +66,10 @@ pub fn run(args: RunArgs) -> Result<()> {
                     force_release: ForceRelease::kinds(args.force_release_finalizers),
                     // The Pod's name (the Deployment sets it from the downward API).
                     instance: std::env::var("POD_NAME").ok(),
+                    identities: args
+                        .plugin_identities
+                        .as_deref()
+                        .map(capstan::operator::identity::PluginIdentities::new),
                     fence: if args.leader_elect || args.shards {
                         WriteFence::for_leader_election()
                     } else {

@@ -19,6 +19,7 @@ use super::children::{ChildCaches, ControllerRef, KindCache, KindWatch};
 use super::cluster::{ChildKinds, ClusterWrites};
 use super::finalizers::{FORCE_RELEASE_ANNOTATION, ForceRelease, ReleaseScope};
 use super::freshness::OwnWrites;
+use super::identity::PluginIdentities;
 use super::kinds::api_resource;
 use super::leader::WriteFence;
 use super::metrics::Metrics;
@@ -51,6 +52,9 @@ pub struct ControllerOptions {
     pub force_release: ForceRelease,
     /// This replica's name in the events it posts (the Pod's name in a cluster).
     pub instance: Option<String>,
+    /// With `--plugin-identities`: each plugin's requests are made as its own
+    /// ServiceAccount ([`super::identity`]); none: as the host.
+    pub identities: Option<PluginIdentities>,
 }
 
 impl ControllerOptions {
@@ -115,6 +119,11 @@ impl RunningController {
         shadow: ShadowSlot,
     ) -> Self {
         let info = plugin.info().clone();
+        // The parents' watch and every write of the plugin's reconciles, as the plugin.
+        let client = match &opts.identities {
+            Some(identities) => identities.client_of(&client, &info.name),
+            None => client,
+        };
         // The related kinds first: a parent that goes away forgets its requests.
         let (related_changes, related_rx) = tokio::sync::mpsc::unbounded_channel();
         let related: Vec<RelatedWatch> = info

@@ -28,6 +28,8 @@ pub struct Call {
     pub query: String,
     /// JSON body (`Null` when there was none).
     pub body: Value,
+    /// The request's headers.
+    pub headers: http::HeaderMap,
 }
 
 impl Call {
@@ -94,6 +96,7 @@ fn client_with(handler: impl Fn(&Call) -> Answer + Send + Sync + 'static) -> (ku
                 path: parts.uri.path().to_string(),
                 query: parts.uri.query().unwrap_or_default().to_string(),
                 body,
+                headers: parts.headers,
             };
             let answer = handler(&call);
             recorded.0.lock().unwrap().push(call);

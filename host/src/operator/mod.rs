@@ -13,6 +13,7 @@ mod fenced_client;
 mod finalizers;
 mod freshness;
 mod http;
+pub mod identity;
 mod kinds;
 mod leader;
 mod membership;

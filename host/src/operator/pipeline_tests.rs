@@ -724,6 +724,7 @@ async fn a_child_kind_is_watched_while_a_running_plugin_declares_it() {
     let metrics = Arc::new(Metrics::default());
     let caches = Caches::new(client.clone(), None, None, metrics.clone());
     let opts = ControllerOptions {
+        identities: None,
         namespace: None,
         default_resync: Duration::from_secs(600),
         concurrency: 1,

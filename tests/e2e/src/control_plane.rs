@@ -119,6 +119,12 @@ pub struct AuditEvent {
     /// The client's `User-Agent` header (capstan: `capstan/<version> (<identity>)`).
     #[serde(default)]
     pub user_agent: String,
+    /// Who authenticated.
+    #[serde(default)]
+    pub user: AuditUser,
+    /// Whom the request was made as, when it impersonated someone.
+    #[serde(default)]
+    pub impersonated_user: Option<AuditUser>,
     /// The object of the request.
     #[serde(default)]
     pub object_ref: AuditObjectRef,
@@ -144,6 +150,14 @@ pub struct AuditObjectRef {
     /// `status` for a write to `/status`.
     #[serde(default)]
     pub subresource: String,
+}
+
+/// A user of an audited request.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AuditUser {
+    /// The user name, e.g. `system:serviceaccount:NS:NAME`.
+    #[serde(default)]
+    pub username: String,
 }
 
 /// The answer to an audited request.

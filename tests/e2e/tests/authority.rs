@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use capstan_e2e::operator::{Operator, free_port, test_plugin};
+use capstan_e2e::operator::{Operator, capstan_bin, free_port, test_plugin};
 use capstan_e2e::{in_test_namespace, wait_for};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -125,6 +125,185 @@ async fn a_plugin_of_a_built_in_kind_is_refused_and_lease_writes_go_on() {
             .delete(&configuration, &DeleteParams::default())
             .await;
         outcome.with_context(|| op.log_tail())
+    })
+    .await
+    .unwrap();
+}
+
+/// `capstan run --plugin-identities NS`: every write the host makes for a plugin is made
+/// as the plugin's own ServiceAccount (the API server's audit log says so), and the API
+/// server, not only the host, bounds it to the RBAC `capstan rbac --plugin-identities`
+/// printed for it: with its ConfigMap rule taken away, the plugin's next child is
+/// refused with 403 and never written, while the host itself could still write it.
+#[tokio::test]
+async fn a_plugins_writes_are_made_as_its_own_account_and_bounded_by_its_rbac() {
+    in_test_namespace("identity", T, async |client, ns| {
+        let plugins = tempfile::tempdir()?;
+        std::fs::copy(test_plugin("widget"), plugins.path().join("widget.wasm"))?;
+        let printed = std::process::Command::new(capstan_bin())
+            .args(["rbac", "--plugins"])
+            .arg(plugins.path())
+            .args(["--plugin-identities", &ns])
+            .output()?;
+        ensure!(
+            printed.status.success(),
+            "{}",
+            String::from_utf8_lossy(&printed.stderr)
+        );
+        let objects: Vec<serde_json::Value> =
+            serde_yaml_ng::Deserializer::from_slice(&printed.stdout)
+                .map(serde::Deserialize::deserialize)
+                .collect::<Result<_, _>>()?;
+        let account = "capstan-plugin-widget";
+        let identity: Vec<&serde_json::Value> = objects
+            .iter()
+            .filter(|o| o["metadata"]["name"] == account)
+            .collect();
+        ensure!(identity.len() == 3, "SA, ClusterRole, binding: {objects:?}");
+        let discovery = kube::discovery::Discovery::new(client.clone())
+            .run()
+            .await?;
+        let apply = |object: &serde_json::Value| {
+            let client = client.clone();
+            let object = object.clone();
+            let discovery = &discovery;
+            async move {
+                let gvk = kube::core::GroupVersionKind::try_from(&kube::core::TypeMeta {
+                    api_version: object["apiVersion"].as_str().unwrap_or_default().into(),
+                    kind: object["kind"].as_str().unwrap_or_default().into(),
+                })?;
+                let (resource, caps) = discovery
+                    .resolve_gvk(&gvk)
+                    .ok_or_else(|| anyhow::anyhow!("no {gvk:?}"))?;
+                let name = object["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let api: Api<kube::api::DynamicObject> = match caps.scope {
+                    kube::discovery::Scope::Namespaced => Api::namespaced_with(
+                        client,
+                        object["metadata"]["namespace"].as_str().unwrap_or_default(),
+                        &resource,
+                    ),
+                    kube::discovery::Scope::Cluster => Api::all_with(client, &resource),
+                };
+                api.patch(
+                    &name,
+                    &kube::api::PatchParams::apply("e2e").force(),
+                    &kube::api::Patch::Apply(&object),
+                )
+                .await?;
+                anyhow::Ok(())
+            }
+        };
+        for object in &identity {
+            apply(object).await?;
+        }
+        let outcome = async {
+            let op = Operator::start(
+                &ns,
+                &[&test_plugin("widget")],
+                &["--plugin-identities", &ns],
+            )
+            .await;
+            let widgets = Api::<kube::api::DynamicObject>::namespaced_with(
+                client.clone(),
+                &ns,
+                &capstan_e2e::objects::test_kind("Widget", "widgets"),
+            );
+            let widget = |name: &str| -> anyhow::Result<kube::api::DynamicObject> {
+                Ok(serde_json::from_value(json!({
+                    "apiVersion": "test.capstan.dev/v1", "kind": "Widget",
+                    "metadata": {"name": name}, "spec": {"count": 1, "message": "hi"}}))?)
+            };
+            widgets
+                .create(&PostParams::default(), &widget("allowed")?)
+                .await?;
+            let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+            wait_for(
+                "the widget's ConfigMap, written as the plugin",
+                T,
+                || async { Ok(configmaps.get_opt("allowed-0").await?.map(|_| ())) },
+            )
+            .await
+            .with_context(|| op.log_tail())?;
+            let control_plane = capstan_e2e::control_plane::ControlPlane::from_env();
+            let user = format!("system:serviceaccount:{ns}:{account}");
+            let writes: Vec<_> = control_plane
+                .audit_events(&ns)?
+                .into_iter()
+                .filter(|e| e.object_ref.namespace == ns && e.user_agent.starts_with("capstan/"))
+                .filter(|e| ["configmaps", "widgets"].contains(&e.object_ref.resource.as_str()))
+                .collect();
+            ensure!(
+                !writes.is_empty(),
+                "no write of the host's in the audit log"
+            );
+            for event in &writes {
+                ensure!(
+                    event
+                        .impersonated_user
+                        .as_ref()
+                        .map(|u| u.username.as_str())
+                        == Some(user.as_str()),
+                    "a write for the plugin made as {:?} (impersonating {:?}): {} {}/{}",
+                    event.user.username,
+                    event.impersonated_user,
+                    event.verb,
+                    event.object_ref.resource,
+                    event.object_ref.name
+                );
+            }
+            // The plugin's ConfigMap rule taken away: the API server refuses its next child.
+            let mut narrowed = identity[1].clone();
+            let rules: Vec<serde_json::Value> = narrowed["rules"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| r["resources"] != json!(["configmaps"]))
+                .collect();
+            narrowed["rules"] = json!(rules);
+            apply(&narrowed).await?;
+            widgets
+                .create(&PostParams::default(), &widget("refused")?)
+                .await?;
+            let message = wait_for("the refused widget to say why", T, || async {
+                let w = widgets.get("refused").await?;
+                Ok(capstan_e2e::objects::ready_condition(&w)
+                    .filter(|(status, _, message)| {
+                        status == "False" && message.contains("forbidden")
+                    })
+                    .map(|(_, _, message)| message))
+            })
+            .await
+            .with_context(|| op.log_tail())?;
+            ensure!(message.contains(account), "{message}");
+            ensure!(
+                configmaps.get_opt("refused-0").await?.is_none(),
+                "the API server let the plugin write outside its RBAC"
+            );
+            anyhow::Ok(())
+        }
+        .await;
+        for object in identity.iter().filter(|o| o["kind"] != "ServiceAccount") {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            let resource = match object["kind"].as_str() {
+                Some("ClusterRole") => "clusterroles",
+                _ => "clusterrolebindings",
+            };
+            let ar = kube::api::ApiResource {
+                group: "rbac.authorization.k8s.io".into(),
+                version: "v1".into(),
+                api_version: "rbac.authorization.k8s.io/v1".into(),
+                kind: object["kind"].as_str().unwrap_or_default().into(),
+                plural: resource.into(),
+            };
+            let _ = Api::<kube::api::DynamicObject>::all_with(client.clone(), &ar)
+                .delete(name, &DeleteParams::default())
+                .await;
+        }
+        outcome
     })
     .await
     .unwrap();

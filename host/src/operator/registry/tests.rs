@@ -24,6 +24,7 @@ fn registry(dir: &Path, metrics: Arc<Metrics>, sandbox: Sandbox) -> PluginRegist
             poll_interval: Duration::from_secs(1),
             install_crds: false,
             controller: ControllerOptions {
+                identities: None,
                 namespace: Some("ns".into()),
                 default_resync: Duration::from_secs(300),
                 concurrency: 1,
@@ -448,6 +449,67 @@ async fn a_plugin_of_a_built_in_kind_is_refused_at_load_until_granted() {
             .as_deref()
             .is_some_and(|e| e.contains("built into Kubernetes")),
         "{error:?}"
+    );
+    registry.shutdown().await;
+}
+
+/// A well-behaved native plugin of a custom kind.
+struct Custom;
+
+impl crate::plugin::Native for Custom {
+    fn describe(&self) -> crate::contract::PluginInfo {
+        crate::contract::PluginInfo {
+            name: "lease-guard".into(),
+            version: "0.1.0".into(),
+            parent: KindRef::namespaced("example.com", "v1", "App", "apps"),
+            children: vec![KindRef::namespaced("", "v1", "ConfigMap", "configmaps")],
+            contract: "0.2.0".into(),
+            ..Default::default()
+        }
+    }
+
+    fn reconcile(
+        &self,
+        _: &crate::contract::Observed,
+    ) -> std::result::Result<crate::contract::Desired, crate::contract::PluginError> {
+        LeaseGuard.reconcile(&crate::contract::Observed {
+            parent: json!({}),
+            children: vec![],
+            related: vec![],
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_version_beyond_the_serving_files_grant_is_not_shadowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = SystemTime::now() - Duration::from_secs(60);
+    for name in ["app.wasm", "app.next.wasm"] {
+        let file = dir.path().join(name);
+        std::fs::write(&file, name).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    // The serving version reconciles a custom kind; its next version, Leases.
+    let load: Loader = Arc::new(|bytes: &[u8], _: &Path| {
+        Ok(match bytes {
+            b"app.wasm" => crate::plugin::Plugin::native(Custom),
+            _ => crate::plugin::Plugin::native(LeaseGuard),
+        })
+    });
+    let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let mut registry = registry(dir.path(), metrics.clone(), sandbox).with_loader(load);
+    registry.scan().await;
+    let serving = dir.path().join("app.wasm");
+    assert_eq!(state(&metrics, &serving), (true, None));
+    assert!(
+        registry.staging.slot(&serving).get().is_none(),
+        "a next version of a built-in kind shadows a plugin granted nothing"
     );
     registry.shutdown().await;
 }

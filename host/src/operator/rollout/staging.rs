@@ -106,8 +106,8 @@ impl Staging {
     /// candidate is promoted ([`Staging::promoted`]).
     pub async fn stage(&mut self, path: &Path, plugin: Plugin) {
         let policy = self.canary.clone().expect("staged only under --canary");
-        if let Some(limits) = read_limits(path, &self.config).await {
-            plugin.set_limits(limits);
+        if !self.granted(path, &plugin).await {
+            return;
         }
         let label = format!("{} (new digest)", path.display());
         let canary = Arc::new(Canary::new(policy, &label, plugin.sha256()));
@@ -150,6 +150,24 @@ impl Staging {
             }
         }
         promoted
+    }
+
+    /// Sets on `plugin`, a next version of the serving `file`, the limits of that file,
+    /// and says whether its grant allows what `plugin` declares: a shadow or a canary
+    /// candidate is called on the serving version's parents, and a candidate writes for
+    /// them, so it gets no more than the file it would replace. A refused one is logged.
+    async fn granted(&self, file: &Path, plugin: &Plugin) -> bool {
+        let limits = read_limits(file, &self.config).await.unwrap_or_default();
+        let grant = limits.grant.clone().unwrap_or_default();
+        plugin.set_limits(limits);
+        let limits_file = crate::plugin::limits::file_of(file);
+        match grant.check(plugin.info(), &limits_file.display().to_string()) {
+            Ok(()) => true,
+            Err(refused) => {
+                warn!(file = %file.display(), "next version not loaded: {refused}");
+                false
+            }
+        }
     }
 
     /// Loads new or changed shadow files (`present`) into the slots of the files they
@@ -234,8 +252,10 @@ impl Staging {
         self.staged.remove(&file);
         match loaded {
             Ok(Ok(plugin)) => {
-                if let Some(limits) = read_limits(&file, &self.config).await {
-                    plugin.set_limits(limits);
+                if !self.granted(&file, &plugin).await {
+                    slot.set(None, None);
+                    self.metrics.remove_shadow(&file.display().to_string());
+                    return;
                 }
                 let canary = self.canary.clone().map(|policy| {
                     Arc::new(Canary::new(
