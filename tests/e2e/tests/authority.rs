@@ -256,14 +256,15 @@ async fn a_plugins_writes_are_made_as_its_own_account_and_bounded_by_its_rbac() 
             }
             // The plugin's ConfigMap rule taken away: the API server refuses its next child.
             let mut narrowed = identity[1].clone();
-            let rules: Vec<serde_json::Value> = narrowed["rules"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|r| r["resources"] != json!(["configmaps"]))
-                .collect();
-            narrowed["rules"] = json!(rules);
+            let mut taken = false;
+            for rule in narrowed["rules"].as_array_mut().into_iter().flatten() {
+                if let Some(resources) = rule["resources"].as_array_mut() {
+                    let before = resources.len();
+                    resources.retain(|r| r != "configmaps");
+                    taken |= resources.len() < before;
+                }
+            }
+            ensure!(taken, "no ConfigMap rule to take away: {narrowed}");
             apply(&narrowed).await?;
             widgets
                 .create(&PostParams::default(), &widget("refused")?)
