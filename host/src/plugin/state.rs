@@ -41,6 +41,55 @@ impl wasmtime_wasi::HostWallClock for StoppedClock {
 
 /// How much a plugin may print on stdout or stderr in one call; the rest is dropped.
 const OUTPUT_CAPACITY: usize = 64 << 10;
+/// Lines one call may send through the `log` import; more are dropped and counted.
+pub const MAX_LOG_LINES: u32 = 64;
+/// Bytes of `log` messages one call may send, all lines together.
+pub const MAX_LOG_BYTES: usize = 64 << 10;
+/// The longest `log` message; a longer one is cut there.
+pub const MAX_LOG_LINE: usize = 4 << 10;
+
+/// What is left of one call's `log` budget, and what went past it.
+#[derive(Debug)]
+struct LogBudget {
+    lines: u32,
+    bytes: usize,
+    dropped_lines: u64,
+    dropped_bytes: u64,
+}
+
+impl LogBudget {
+    fn new() -> Self {
+        LogBudget {
+            lines: MAX_LOG_LINES,
+            bytes: MAX_LOG_BYTES,
+            dropped_lines: 0,
+            dropped_bytes: 0,
+        }
+    }
+
+    /// `message` as it may be logged (cut at [`MAX_LOG_LINE`]), or none once the
+    /// call's lines or bytes are spent (then counted as dropped).
+    fn admit(&mut self, message: String) -> Option<String> {
+        let mut message = message;
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.dropped_bytes += (message.len() - cut) as u64;
+            message.truncate(cut);
+            message.push_str(" …");
+        }
+        if self.lines == 0 || message.len() > self.bytes {
+            self.dropped_lines += 1;
+            self.dropped_bytes += message.len() as u64;
+            return None;
+        }
+        self.lines -= 1;
+        self.bytes -= message.len();
+        Some(message)
+    }
+}
 
 /// Everything one call's `Store` holds. Made fresh for every call.
 pub struct CallState {
@@ -50,6 +99,7 @@ pub struct CallState {
     stdout: BoundedOutput,
     stderr: BoundedOutput,
     pub(super) limits: MemoryCap,
+    log_budget: LogBudget,
 }
 
 impl CallState {
@@ -88,6 +138,7 @@ impl CallState {
                 exceeded: false,
                 peak: 0,
             },
+            log_budget: LogBudget::new(),
         }
     }
 
@@ -105,10 +156,12 @@ impl CallState {
     pub fn take_output(&mut self) -> Output {
         let (stdout, out_dropped) = self.stdout.take();
         let (stderr, err_dropped) = self.stderr.take();
+        let log = std::mem::replace(&mut self.log_budget, LogBudget::new());
         Output {
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
-            dropped: out_dropped + err_dropped,
+            dropped: out_dropped + err_dropped + log.dropped_bytes,
+            log_lines_dropped: log.dropped_lines,
         }
     }
 }
@@ -126,8 +179,10 @@ impl WasiView for CallState {
 pub struct Output {
     stdout: String,
     stderr: String,
-    /// Bytes printed beyond the capacity, dropped.
+    /// Bytes printed or logged beyond the capacity, dropped.
     dropped: u64,
+    /// `log` lines beyond the call's budget, dropped.
+    log_lines_dropped: u64,
 }
 
 impl Output {
@@ -138,8 +193,10 @@ impl Output {
 
     /// Sends every printed line to the host's log, tagged with the plugin's name.
     pub fn log(&self, plugin: &str) {
-        if self.dropped > 0 {
-            tracing::warn!(target: "capstan::plugin", plugin, dropped = self.dropped, "the plugin printed more than {OUTPUT_CAPACITY} bytes on a stream in one call; the rest was dropped");
+        if self.log_lines_dropped > 0 {
+            tracing::warn!(target: "capstan::plugin", plugin, lines = self.log_lines_dropped, "the plugin logged more than {MAX_LOG_LINES} lines or {MAX_LOG_BYTES} bytes in one call; the rest was dropped");
+        } else if self.dropped > 0 {
+            tracing::warn!(target: "capstan::plugin", plugin, dropped = self.dropped, "the plugin printed more than {OUTPUT_CAPACITY} bytes on a stream (or a log line over {MAX_LOG_LINE}) in one call; the rest was dropped");
         }
         for line in self.stdout.lines().filter(|l| !l.trim().is_empty()) {
             tracing::info!(target: "capstan::plugin", plugin, stream = "stdout", "{line}");
@@ -313,6 +370,9 @@ macro_rules! log_host {
 
             fn log(&mut self, level: super::bindings::$release::capstan::plugin::log::Level, message: String) {
                 use super::bindings::$release::capstan::plugin::log::Level;
+                let Some(message) = self.log_budget.admit(message) else {
+                    return;
+                };
                 let plugin = self.plugin.as_str();
                 match level {
                     Level::Trace => tracing::trace!(target: "capstan::plugin", plugin, "{message}"),
@@ -341,6 +401,7 @@ mod tests {
             stdout: String::new(),
             stderr: "thread '<unnamed>' panicked at src/lib.rs:10:5:\nboom: spec.replicas missing\nnote: run with `RUST_BACKTRACE=1`\n".into(),
             dropped: 0,
+            log_lines_dropped: 0,
         };
         assert_eq!(
             out.panic_message().as_deref(),
@@ -350,8 +411,45 @@ mod tests {
             stdout: "hello".into(),
             stderr: String::new(),
             dropped: 0,
+            log_lines_dropped: 0,
         };
         assert_eq!(quiet.panic_message(), None);
+    }
+
+    #[test]
+    fn a_call_logs_within_its_budget_and_the_rest_is_dropped_and_counted() {
+        use super::super::bindings::v0_2::capstan::plugin::log::{Host, Level};
+        let mut state = CallState::new("flood", 1 << 20, None);
+        // One huge line: cut at the line limit.
+        Host::log(&mut state, Level::Info, "x".repeat(MAX_LOG_LINE + 1000));
+        // A flood: the call's lines run out.
+        for i in 0..10_000 {
+            Host::log(&mut state, Level::Info, format!("line {i}"));
+        }
+        assert_eq!(state.log_budget.lines, 0);
+        let output = state.take_output();
+        assert_eq!(
+            output.log_lines_dropped,
+            10_000 - u64::from(MAX_LOG_LINES - 1)
+        );
+        assert!(
+            output.dropped() >= 1000,
+            "the cut bytes are counted: {}",
+            output.dropped()
+        );
+        // The next call starts with a whole budget.
+        Host::log(&mut state, Level::Info, "again".into());
+        assert_eq!(state.log_budget.lines, MAX_LOG_LINES - 1);
+        // Bytes run out before lines do with long lines.
+        let mut budget = LogBudget::new();
+        let admitted = (0..MAX_LOG_LINES)
+            .filter(|_| budget.admit("y".repeat(MAX_LOG_LINE)).is_some())
+            .count();
+        assert_eq!(admitted, MAX_LOG_BYTES / MAX_LOG_LINE);
+        assert_eq!(
+            budget.dropped_lines,
+            u64::from(MAX_LOG_LINES) - admitted as u64
+        );
     }
 
     #[test]
