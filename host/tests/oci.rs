@@ -53,6 +53,20 @@ fn push(registry: &Registry, file: &Path, repository_tag: &str, sign: Option<&st
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Runs crane (`$CAPSTAN_CRANE`, which `cargo xtask test` builds) with `args`; it must
+/// succeed.
+fn crane(args: &[&str]) {
+    let crane = std::env::var_os("CAPSTAN_CRANE").expect(
+        "CAPSTAN_CRANE is not set: run the tests with `cargo xtask test`, which builds crane",
+    );
+    let out = Command::new(crane).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "crane {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn store(registry: &Registry, cache: &Path, key: Option<&str>) -> OciStore {
     OciStore::new(OciOptions {
         cache: cache.to_path_buf(),
@@ -193,7 +207,6 @@ async fn with_a_key_only_a_signature_of_that_very_digest_lets_a_plugin_in() {
         .1
         .to_string();
     let signature_tag = digest.replace(':', "-") + ".sig";
-    let crane = std::env::var_os("CAPSTAN_CRANE").unwrap();
     for (from, to) in [
         (
             "plugins/signed:1".to_string(),
@@ -204,17 +217,12 @@ async fn with_a_key_only_a_signature_of_that_very_digest_lets_a_plugin_in() {
             format!("plugins/stolen:{signature_tag}"),
         ),
     ] {
-        let out = Command::new(&crane)
-            .args(["copy", "--insecure"])
-            .arg(registry.reference(&from).trim_start_matches("oci://"))
-            .arg(registry.reference(&to).trim_start_matches("oci://"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        crane(&[
+            "copy",
+            "--insecure",
+            registry.reference(&from).trim_start_matches("oci://"),
+            registry.reference(&to).trim_start_matches("oci://"),
+        ]);
     }
     let err = pull("plugins/stolen:1").await.unwrap_err().to_string();
     assert!(
@@ -233,19 +241,16 @@ async fn an_artifact_that_is_not_a_wasm_component_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let layer = dir.path().join("layer.tar");
     std::fs::write(&layer, [0u8; 1024]).unwrap();
-    let crane = std::env::var_os("CAPSTAN_CRANE").unwrap();
     let tag = format!("{}/images/app:1", registry.address);
-    let out = Command::new(crane)
-        .args(["append", "--insecure", "--oci-empty-base", "-f"])
-        .arg(&layer)
-        .args(["-t", &tag])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crane(&[
+        "append",
+        "--insecure",
+        "--oci-empty-base",
+        "-f",
+        layer.to_str().unwrap(),
+        "-t",
+        &tag,
+    ]);
     let cache = tempfile::tempdir().unwrap();
     let err = store(&registry, cache.path(), None)
         .pull(&parse_reference(&tag).unwrap())

@@ -282,6 +282,15 @@ pub fn file_stamp(path: &Path) -> Option<FileStamp> {
     ))
 }
 
+/// The entries of `known` that `present` no longer lists.
+pub fn gone<V, W>(known: &BTreeMap<PathBuf, V>, present: &BTreeMap<PathBuf, W>) -> Vec<PathBuf> {
+    known
+        .keys()
+        .filter(|p| !present.contains_key(*p))
+        .cloned()
+        .collect()
+}
+
 /// The limits file of the plugin `path`, if there is a valid one, read on a blocking
 /// thread (a slow volume must not hold a runtime worker). A bad one is reported when
 /// the registry applies the serving version's limits.

@@ -5,7 +5,8 @@
 //! or written by an earlier host under the host's field manager and labelled by no
 //! other plugin. Any other CRD of the same name (another operator's, one an
 //! administrator installed) is left as it is, conversion webhook included: the plugin
-//! serves the kind as that CRD defines it.
+//! serves the kind as that CRD defines it, unless it converts, which is then refused
+//! (the host never points another's CRD at its conversion webhook).
 
 use std::time::Duration;
 
@@ -126,30 +127,46 @@ fn whose(owner: &Option<String>) -> String {
         })
 }
 
+/// The CRD `name` as the API server has it, and whose it is for `plugin`.
+async fn look_up(
+    api: &Api<CustomResourceDefinition>,
+    name: &str,
+    plugin: &str,
+) -> Result<(Option<CustomResourceDefinition>, Owner), CrdError> {
+    let existing = api.get_opt(name).await.map_err(|source| CrdError::Apply {
+        name: name.to_string(),
+        source,
+    })?;
+    let owner = owner(existing.as_ref(), plugin);
+    Ok((existing, owner))
+}
+
+/// The refusal of a converting `plugin` whose CRD `name` is another's.
+fn not_its_own(plugin: &str, name: String, label: &Option<String>) -> CrdError {
+    CrdError::NotItsOwn {
+        plugin: plugin.to_string(),
+        name,
+        whose: whose(label),
+    }
+}
+
 /// Whether the converting `plugin` may have the CRD of its kind pointed at the host's
 /// conversion webhook: the CRD is absent (it is created with the conversion in place)
-/// or the plugin's own ([`owner`]).
+/// or the plugin's own ([`owner`]). Without `--install-crds`; with it, [`install`]
+/// decides the same in its one read of the CRD.
 pub(super) async fn may_convert(client: &Client, plugin: &Plugin) -> Result<(), CrdError> {
     let info = plugin.info();
     let name = format!("{}.{}", info.parent.plural, info.parent.group);
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let existing = api.get_opt(&name).await.map_err(|source| CrdError::Apply {
-        name: name.clone(),
-        source,
-    })?;
-    match owner(existing.as_ref(), &info.name) {
-        Owner::Absent | Owner::Plugin => Ok(()),
-        Owner::Other(label) => Err(CrdError::NotItsOwn {
-            plugin: info.name.clone(),
-            name,
-            whose: whose(&label),
-        }),
+    match look_up(&Api::all(client.clone()), &name, &info.name).await? {
+        (_, Owner::Absent | Owner::Plugin) => Ok(()),
+        (_, Owner::Other(label)) => Err(not_its_own(&info.name, name, &label)),
     }
 }
 
 /// Applies the plugin's CRD, labelled as its own, and waits until the API server serves
 /// it, when the CRD is absent or the plugin's own ([`owner`]); leaves any other CRD of
-/// that name alone, with a warning. A CRD that does not exist yet is created with
+/// that name alone, with a warning, unless the plugin converts (`conversion`): that
+/// is refused ([`CrdError::NotItsOwn`]). A CRD that does not exist yet is created with
 /// `conversion` (the webhook's, for a plugin that converts); one that exists keeps the
 /// conversion the webhook keeps up to date, whatever the shipped manifest says.
 pub(super) async fn install(
@@ -176,12 +193,13 @@ pub(super) async fn install(
         .ok_or_else(|| not_a_crd("it has no metadata.name".into()))?
         .to_string();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let existing = api.get_opt(&name).await.map_err(|source| CrdError::Apply {
-        name: name.clone(),
-        source,
-    })?;
-    match owner(existing.as_ref(), &info.name) {
+    let (existing, owner) = look_up(&api, &name, &info.name).await?;
+    match owner {
         Owner::Absent | Owner::Plugin => {}
+        // A converting plugin is refused, as without --install-crds (`may_convert`).
+        Owner::Other(label) if conversion.is_some() => {
+            return Err(not_its_own(&info.name, name, &label));
+        }
         Owner::Other(label) => {
             let whose = whose(&label);
             warn!(crd = %name, plugin = %info.name, "the CRD exists and is not this plugin's ({whose}): left as it is, the plugin serves the kind it defines");
@@ -244,6 +262,65 @@ mod tests {
             }]);
         }
         crd
+    }
+
+    /// A native plugin of Widgets shipping its CRD, converting or not.
+    struct Shipping(bool);
+
+    impl crate::plugin::Native for Shipping {
+        fn describe(&self) -> crate::contract::PluginInfo {
+            crate::contract::PluginInfo {
+                name: "widget".into(),
+                parent: crate::contract::KindRef::namespaced("test.capstan.dev", "v1", "Widget", "widgets"),
+                crd: Some(r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "widgets.test.capstan.dev"}, "spec": {}}"#.into()),
+                conversion: self.0,
+                ..Default::default()
+            }
+        }
+
+        fn reconcile(
+            &self,
+            _: &crate::contract::Observed,
+        ) -> Result<crate::contract::Desired, crate::contract::PluginError> {
+            Err(crate::contract::PluginError::Invalid("not called".into()))
+        }
+    }
+
+    #[tokio::test]
+    async fn another_plugins_crd_is_neither_written_nor_converted() {
+        use crate::operator::fake_api;
+        let theirs = serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.test.capstan.dev", "labels": {PLUGIN_LABEL: "thief"}}});
+        let (client, calls) = fake_api::client(move |call: &fake_api::Call| match call.method {
+            http::Method::GET => (200, theirs.clone()),
+            _ => fake_api::status(500, "InternalError", "nothing is written here"),
+        });
+        let plain = Plugin::native(Shipping(false));
+        install(&client, &plain, None).await.unwrap();
+        let converting = Plugin::native(Shipping(true));
+        for refused in [
+            install(
+                &client,
+                &converting,
+                Some(serde_json::json!({"strategy": "Webhook"})),
+            )
+            .await,
+            may_convert(&client, &converting).await,
+        ] {
+            let err = refused.unwrap_err().to_string();
+            assert!(
+                err.contains("plugin widget converts widgets.test.capstan.dev")
+                    && err.contains("labelled capstan.dev/plugin=thief"),
+                "{err}"
+            );
+        }
+        assert!(
+            calls.all().iter().all(|c| c.method == http::Method::GET),
+            "one read each, no write: {:?}",
+            calls.summary()
+        );
+        assert_eq!(calls.all().len(), 3);
     }
 
     #[test]

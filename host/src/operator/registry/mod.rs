@@ -314,12 +314,7 @@ impl PluginRegistry {
             .into_iter()
             .partition(|(path, _)| shadow::shadowed_by(path).is_some());
         let shadows_settling = self.staging.scan(shadows, &present).await;
-        let gone: Vec<PathBuf> = self
-            .files
-            .keys()
-            .filter(|p| !present.contains_key(*p))
-            .cloned()
-            .collect();
+        let gone = super::source::gone(&self.files, &present);
         if !gone.is_empty() {
             // A removed file may have held the claim that refused another one.
             for state in self.files.values_mut() {
@@ -527,7 +522,11 @@ impl PluginRegistry {
             (None, true) => {
                 return self.failed_for_now(path, no_webhook_to_convert(path, &plugin));
             }
-            (Some(_), true) if let Err(e) = crd::may_convert(&self.client, &plugin).await => {
+            // With --install-crds, the install's one read of the CRD decides it.
+            (Some(_), true)
+                if !self.opts.install_crds
+                    && let Err(e) = crd::may_convert(&self.client, &plugin).await =>
+            {
                 return self.failed_for_now(path, format!("{}: {e}", path.display()));
             }
             (Some(webhooks), true) => match webhooks.conversion_for(&plugin).await {

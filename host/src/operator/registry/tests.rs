@@ -45,14 +45,52 @@ fn registry(dir: &Path, metrics: Arc<Metrics>, sandbox: Sandbox) -> PluginRegist
 fn install(dir: &Path, name: &str, plugin: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::copy(crate::fixtures::test_plugin(plugin), &path).unwrap();
-    let old = SystemTime::now() - Duration::from_secs(60);
+    dated(&path, 60);
+    path
+}
+
+/// Writes `bytes` to `dir/name`, old enough to load at the first scan (a loader in the
+/// test makes the plugin of them).
+fn write_old(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    dated(&path, 60);
+    path
+}
+
+/// Sets the modification time of `path` to `age` seconds ago.
+fn dated(path: &Path, age: u64) {
     std::fs::File::options()
         .write(true)
-        .open(&path)
+        .open(path)
         .unwrap()
-        .set_modified(old)
+        .set_modified(SystemTime::now() - Duration::from_secs(age))
         .unwrap();
-    path
+}
+
+/// A fake API server holding one Guard `g` in `ns` with the host's finalizer: it lists
+/// it, and takes merge patches of its finalizers.
+fn guard_server() -> (kube::Client, fake_api::Calls) {
+    let guard = json!({
+        "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
+        "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "2",
+                     "finalizers": [crate::operator::finalizers::FINALIZER]},
+    });
+    fake_api::client(
+        move |call: &fake_api::Call| match (&call.method, call.path.as_str()) {
+            (&http::Method::GET, "/apis/test.capstan.dev/v1/namespaces/ns/guards") => (
+                200,
+                json!({"apiVersion": "test.capstan.dev/v1", "kind": "GuardList",
+                       "metadata": {"resourceVersion": "2"}, "items": [guard.clone()]}),
+            ),
+            (&http::Method::PATCH, "/apis/test.capstan.dev/v1/namespaces/ns/guards/g") => {
+                let mut written = guard.clone();
+                written["metadata"]["finalizers"] = call.body["metadata"]["finalizers"].clone();
+                (200, written)
+            }
+            _ => fake_api::status(404, "NotFound", "none"),
+        },
+    )
 }
 
 /// Whether `file` serves, and its last error, as `/plugins` says.
@@ -218,27 +256,7 @@ async fn the_first_file_by_name_wins_a_kind_even_when_it_compiles_last() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_version_of_another_kind_releases_the_finalizers_of_the_old_kind() {
-    let guard = json!({
-        "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
-        "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "2",
-                     "finalizers": [crate::operator::finalizers::FINALIZER]},
-    });
-    let (client, calls) =
-        fake_api::client(
-            move |call: &fake_api::Call| match (&call.method, call.path.as_str()) {
-                (&http::Method::GET, "/apis/test.capstan.dev/v1/namespaces/ns/guards") => (
-                    200,
-                    json!({"apiVersion": "test.capstan.dev/v1", "kind": "GuardList",
-                       "metadata": {"resourceVersion": "2"}, "items": [guard.clone()]}),
-                ),
-                (&http::Method::PATCH, "/apis/test.capstan.dev/v1/namespaces/ns/guards/g") => {
-                    let mut written = guard.clone();
-                    written["metadata"]["finalizers"] = call.body["metadata"]["finalizers"].clone();
-                    (200, written)
-                }
-                _ => fake_api::status(404, "NotFound", "none"),
-            },
-        );
+    let (client, calls) = guard_server();
     let dir = tempfile::tempdir().unwrap();
     let file = install(dir.path(), "p.wasm", "guard");
     let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
@@ -274,27 +292,7 @@ async fn a_new_version_of_another_kind_releases_the_finalizers_of_the_old_kind()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_registry_resumes_the_releases_an_earlier_one_left_undone() {
-    let guard = json!({
-        "apiVersion": "test.capstan.dev/v1", "kind": "Guard",
-        "metadata": {"name": "g", "namespace": "ns", "uid": "uid-g", "resourceVersion": "2",
-                     "finalizers": [crate::operator::finalizers::FINALIZER]},
-    });
-    let (client, calls) =
-        fake_api::client(
-            move |call: &fake_api::Call| match (&call.method, call.path.as_str()) {
-                (&http::Method::GET, "/apis/test.capstan.dev/v1/namespaces/ns/guards") => (
-                    200,
-                    json!({"apiVersion": "test.capstan.dev/v1", "kind": "GuardList",
-                       "metadata": {"resourceVersion": "2"}, "items": [guard.clone()]}),
-                ),
-                (&http::Method::PATCH, "/apis/test.capstan.dev/v1/namespaces/ns/guards/g") => {
-                    let mut written = guard.clone();
-                    written["metadata"]["finalizers"] = call.body["metadata"]["finalizers"].clone();
-                    (200, written)
-                }
-                _ => fake_api::status(404, "NotFound", "none"),
-            },
-        );
+    let (client, calls) = guard_server();
     let dir = tempfile::tempdir().unwrap();
     let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
     let metrics = Arc::new(Metrics::default());
@@ -380,25 +378,13 @@ fn lease_guard() -> Loader {
 fn write_limits(plugin: &Path, text: &str, age: u64) {
     let file = crate::plugin::limits::file_of(plugin);
     std::fs::write(&file, text).unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_modified(SystemTime::now() - Duration::from_secs(age))
-        .unwrap();
+    dated(&file, age);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_of_a_built_in_kind_is_refused_at_load_until_granted() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("lease-guard.wasm");
-    std::fs::write(&file, b"a plugin").unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_modified(SystemTime::now() - Duration::from_secs(60))
-        .unwrap();
+    let file = write_old(dir.path(), "lease-guard.wasm", b"a plugin");
     let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
     let metrics = Arc::new(Metrics::default());
     let mut registry = registry(dir.path(), metrics.clone(), sandbox).with_loader(lease_guard());
@@ -483,16 +469,8 @@ impl crate::plugin::Native for Custom {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_next_version_beyond_the_serving_files_grant_is_not_shadowed() {
     let dir = tempfile::tempdir().unwrap();
-    let old = SystemTime::now() - Duration::from_secs(60);
     for name in ["app.wasm", "app.next.wasm"] {
-        let file = dir.path().join(name);
-        std::fs::write(&file, name).unwrap();
-        std::fs::File::options()
-            .write(true)
-            .open(&file)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        write_old(dir.path(), name, name.as_bytes());
     }
     // The serving version reconciles a custom kind; its next version, Leases.
     let load: Loader = Arc::new(|bytes: &[u8], _: &Path| {

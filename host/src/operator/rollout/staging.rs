@@ -189,12 +189,7 @@ impl Staging {
                 }
             })
         };
-        let gone: Vec<PathBuf> = self
-            .files
-            .keys()
-            .filter(|p| !present.contains_key(*p))
-            .cloned()
-            .collect();
+        let gone = crate::operator::source::gone(&self.files, &present);
         for path in gone {
             self.files.remove(&path);
             if let Some(file) = file_of(&path) {
