@@ -30,11 +30,17 @@ const RELATED_VERBS: &[&str] = &["get", "list", "watch"];
 /// CustomResourceDefinitions. When a plugin validates, it may write the
 /// ValidatingWebhookConfiguration `webhook_configuration`; when one converts, the
 /// conversion of its CRD (and nothing else of it, nor of any other CRD).
+///
+/// With `plugin_identities` (`capstan run --plugin-identities`), every request made for
+/// a plugin is made as its own account ([`plugin_identity`]), so the host's role holds
+/// none of the plugins' kinds: only the webhook's configuration and CRDs, and the CRDs
+/// it installs.
 pub fn cluster_role(
     name: &str,
     plugins: &[PluginInfo],
     install_crds: bool,
     webhook_configuration: &str,
+    plugin_identities: bool,
 ) -> Value {
     // (apiGroup, verbs) -> resources, so kinds that need the same verbs share a rule.
     let mut rules: BTreeMap<(String, Vec<&str>), Vec<String>> = BTreeMap::new();
@@ -46,7 +52,7 @@ pub fn cluster_role(
             list.push(resource);
         }
     };
-    for info in plugins {
+    for info in plugins.iter().filter(|_| !plugin_identities) {
         let parent = &info.parent;
         add(&parent.group, parent.plural.clone(), PARENT_VERBS);
         add(
@@ -66,7 +72,9 @@ pub fn cluster_role(
             add(&related.group, related.plural.clone(), RELATED_VERBS);
         }
     }
-    add("events.k8s.io", "events".into(), &["create", "patch"]);
+    if !plugin_identities {
+        add("events.k8s.io", "events".into(), &["create", "patch"]);
+    }
     if install_crds {
         add(
             "apiextensions.k8s.io",
@@ -126,11 +134,6 @@ fn webhook_rules(role: &str, plugins: &[PluginInfo], configuration: &str) -> Vec
 /// (`capstan run --plugin-identities`).
 pub const PLUGIN_ACCOUNT_PREFIX: &str = "capstan-plugin-";
 
-/// Verbs of a plugin's own account on its child kinds: get (the owner of an object
-/// whose name a desired child takes), create and patch (server-side apply), delete
-/// (prune). No list or watch: the host's shared caches read the children.
-const PLUGIN_CHILD_VERBS: &[&str] = &["get", "create", "patch", "delete"];
-
 /// The Role and RoleBinding that let the host's ServiceAccount `host` (in
 /// `namespace`) make its requests as each of `plugins`' own accounts there
 /// (impersonation, by name, in that namespace only).
@@ -156,11 +159,15 @@ pub fn impersonation(plugins: &[PluginInfo], namespace: &str, host: &str) -> Vec
 }
 
 /// A plugin's own identity in `namespace` (`capstan run --plugin-identities`): its
-/// ServiceAccount, and a ClusterRole bound to it that allows what its declarations
+/// ServiceAccount `capstan-plugin-<plugin>`, and a ClusterRole bound to it (both named
+/// `<host>-plugin-<plugin>`, after the host's ClusterRole `host`, so that two hosts'
+/// plugins do not share cluster-scoped names) that allows what its declarations
 /// need and nothing else: its parents (list, watch, patch; their status and
-/// finalizers), its child kinds (get, create, patch, delete) and events.
-pub fn plugin_identity(info: &PluginInfo, namespace: &str) -> Vec<Value> {
+/// finalizers), its child kinds (its own caches' list and watch; get, create, patch,
+/// delete), its related kinds (read only) and events.
+pub fn plugin_identity(info: &PluginInfo, namespace: &str, host: &str) -> Vec<Value> {
     let name = format!("{PLUGIN_ACCOUNT_PREFIX}{}", info.name);
+    let role = format!("{host}-plugin-{}", info.name);
     let labels = json!({"app.kubernetes.io/name": "capstan", "capstan.dev/plugin": info.name});
     let parent = &info.parent;
     let mut rules = vec![
@@ -177,8 +184,18 @@ pub fn plugin_identity(info: &PluginInfo, namespace: &str) -> Vec<Value> {
     }
     for (group, mut plurals) in children {
         plurals.sort();
-        rules
-            .push(json!({"apiGroups": [group], "resources": plurals, "verbs": PLUGIN_CHILD_VERBS}));
+        rules.push(json!({"apiGroups": [group], "resources": plurals, "verbs": CHILD_VERBS}));
+    }
+    let mut related: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for kind in &info.related {
+        let plurals = related.entry(kind.group.as_str()).or_default();
+        if !plurals.contains(&kind.plural.as_str()) {
+            plurals.push(kind.plural.as_str());
+        }
+    }
+    for (group, mut plurals) in related {
+        plurals.sort();
+        rules.push(json!({"apiGroups": [group], "resources": plurals, "verbs": RELATED_VERBS}));
     }
     rules.push(json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}));
     vec![
@@ -186,10 +203,10 @@ pub fn plugin_identity(info: &PluginInfo, namespace: &str) -> Vec<Value> {
                "metadata": {"name": name, "namespace": namespace, "labels": labels},
                "automountServiceAccountToken": false}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": name, "labels": labels}, "rules": rules}),
+               "metadata": {"name": role, "labels": labels}, "rules": rules}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": name, "labels": labels},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "metadata": {"name": role, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}),
     ]
 }
@@ -211,7 +228,7 @@ mod tests {
             related: vec![kind("", "Secret", "secrets")],
             ..PluginInfo::default()
         };
-        let objects = plugin_identity(&info, "capstan-system");
+        let objects = plugin_identity(&info, "capstan-system", "capstan");
         assert_eq!(objects[0]["kind"], "ServiceAccount");
         assert_eq!(objects[0]["metadata"]["name"], "capstan-plugin-widget");
         assert_eq!(objects[0]["automountServiceAccountToken"], false);
@@ -234,17 +251,21 @@ mod tests {
                 "widgets/finalizers",
                 "configmaps",
                 "statefulsets",
+                "secrets",
                 "events"
             ]
         );
-        // Related kinds are read by the host's caches, never by the plugin's account.
-        assert!(!resources.contains(&"secrets".to_string()));
+        // Its related Secrets are read only; no verb hands out more than it declared.
+        let secrets = rules
+            .iter()
+            .find(|r| r["resources"] == json!(["secrets"]))
+            .unwrap();
+        assert_eq!(secrets["verbs"], json!(["get", "list", "watch"]));
         for rule in rules {
             for verb in rule["verbs"].as_array().unwrap() {
                 assert!(
-                    !["*", "list", "update", "escalate", "bind", "impersonate"]
+                    !["*", "update", "escalate", "bind", "impersonate"]
                         .contains(&verb.as_str().unwrap())
-                        || (verb == "list" && rule["resources"][0] == "widgets")
                         || (verb == "update" && rule["resources"][0] == "widgets/finalizers"),
                     "{rule}"
                 );
@@ -259,6 +280,36 @@ mod tests {
                     "resourceNames": ["capstan-plugin-widget"], "verbs": ["impersonate"]}])
         );
         assert_eq!(host[1]["subjects"][0]["name"], "capstan");
+    }
+
+    #[test]
+    fn with_plugin_identities_the_hosts_role_holds_none_of_the_plugins_kinds() {
+        let mut info = PluginInfo {
+            name: "widget".into(),
+            parent: kind("test.capstan.dev", "Widget", "widgets"),
+            children: vec![kind("", "Secret", "secrets")],
+            related: vec![kind("", "Pod", "pods")],
+            ..PluginInfo::default()
+        };
+        info.validation = Some(crate::contract::FailurePolicy::Fail);
+        let role = cluster_role("capstan", &[info], true, "capstan", true);
+        let resources: Vec<&str> = role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["resources"].as_array().unwrap())
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            resources,
+            [
+                "customresourcedefinitions",
+                "validatingwebhookconfigurations",
+                "validatingwebhookconfigurations",
+                "clusterroles"
+            ],
+            "{role}"
+        );
     }
 
     fn kind(group: &str, kind: &str, plural: &str) -> KindRef {
@@ -291,7 +342,8 @@ mod tests {
         reader.parent = kind("test.capstan.dev", "Reader", "readers");
         reader.children = vec![];
         reader.related = vec![kind("", "Secret", "secrets"), kind("", "Pod", "pods")];
-        let with_related = cluster_role("capstan", &[info.clone(), reader], false, "capstan");
+        let with_related =
+            cluster_role("capstan", &[info.clone(), reader], false, "capstan", false);
         let related_rule = with_related["rules"]
             .as_array()
             .unwrap()
@@ -300,7 +352,7 @@ mod tests {
             .expect("one read-only rule for the related kinds");
         assert_eq!(related_rule["verbs"], json!(["get", "list", "watch"]));
         assert_eq!(related_rule["apiGroups"], json!([""]));
-        let role = cluster_role("capstan", &[info], false, "capstan");
+        let role = cluster_role("capstan", &[info], false, "capstan", false);
         let rules = role["rules"].as_array().unwrap();
         let find = |group: &str, resource: &str| {
             rules
@@ -363,7 +415,13 @@ mod tests {
             parent: kind("test.capstan.dev", "Widget", "widgets"),
             ..Default::default()
         };
-        let none = cluster_role("capstan", std::slice::from_ref(&plain), false, "capstan");
+        let none = cluster_role(
+            "capstan",
+            std::slice::from_ref(&plain),
+            false,
+            "capstan",
+            false,
+        );
         let text = none.to_string();
         assert!(!text.contains("validatingwebhookconfigurations"), "{text}");
         assert!(!text.contains("customresourcedefinitions"), "{text}");
@@ -372,7 +430,13 @@ mod tests {
         validating.parent = kind("test.capstan.dev", "Ticket", "tickets");
         validating.validation = Some(crate::contract::FailurePolicy::Fail);
         validating.conversion = true;
-        let role = cluster_role("capstan", &[plain, validating], false, "capstan-hooks");
+        let role = cluster_role(
+            "capstan",
+            &[plain, validating],
+            false,
+            "capstan-hooks",
+            false,
+        );
         let rules = role["rules"].as_array().unwrap();
         let named = rules
             .iter()

@@ -192,9 +192,10 @@ enum Command {
         /// --webhook-configuration), when a plugin validates.
         #[arg(long, default_value = "capstan")]
         webhook_configuration: String,
-        /// Also print each plugin's own ServiceAccount, ClusterRole and binding in
-        /// NAMESPACE, and the Role that lets the host's account (`--name`, in NAMESPACE)
-        /// impersonate them, for `capstan run --plugin-identities NAMESPACE`.
+        /// For `capstan run --plugin-identities NAMESPACE`: the host's ClusterRole holds
+        /// none of the plugins' kinds, and each plugin's own ServiceAccount, ClusterRole
+        /// and binding in NAMESPACE follow it, with the Role that lets the host's account
+        /// (`--name`, in NAMESPACE) impersonate them.
         #[arg(long, value_name = "NAMESPACE")]
         plugin_identities: Option<String>,
         #[command(flatten)]
@@ -314,10 +315,10 @@ struct RunArgs {
     /// `capstan.dev/force-release-finalizer=true`. Repeatable.
     #[arg(long, value_name = "KIND")]
     force_release_finalizers: Vec<String>,
-    /// Make every request of a plugin (its parents' watch, its writes) as its own
-    /// ServiceAccount `capstan-plugin-<plugin>` in NAMESPACE, by impersonation: the API
-    /// server then bounds each plugin to the RBAC `capstan rbac --plugin-identities`
-    /// prints for it (docs/security.md).
+    /// Make every request of a plugin (the watches of its parents, children and related
+    /// objects, its writes) as its own ServiceAccount `capstan-plugin-<plugin>` in
+    /// NAMESPACE, by impersonation: the API server then bounds each plugin to the RBAC
+    /// `capstan rbac --plugin-identities` prints for it (docs/security.md).
     #[arg(long, env = "CAPSTAN_PLUGIN_IDENTITIES", value_name = "NAMESPACE")]
     plugin_identities: Option<String>,
     #[command(flatten)]

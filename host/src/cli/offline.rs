@@ -86,12 +86,18 @@ pub fn rbac(
         .iter()
         .map(|f| Ok(sandbox.load_file_blocking(f)?.info().clone()))
         .collect::<Result<Vec<_>>>()?;
-    let role = capstan::rbac::cluster_role(name, &infos, install_crds, webhook_configuration);
+    let role = capstan::rbac::cluster_role(
+        name,
+        &infos,
+        install_crds,
+        webhook_configuration,
+        plugin_identities.is_some(),
+    );
     print!("{}", serde_yaml_ng::to_string(&role)?);
     if let Some(namespace) = plugin_identities {
         let mut objects = capstan::rbac::impersonation(&infos, namespace, name);
         for info in &infos {
-            objects.extend(capstan::rbac::plugin_identity(info, namespace));
+            objects.extend(capstan::rbac::plugin_identity(info, namespace, name));
         }
         for object in objects {
             print!("---\n{}", serde_yaml_ng::to_string(&object)?);

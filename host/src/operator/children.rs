@@ -27,10 +27,11 @@ use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::identity::PluginIdentities;
 use super::kinds::api_resource;
 use super::metrics::Metrics;
 use super::watch_client::watch_client;
-use super::watch_pool::{Hold, WatchPool};
+use super::watch_pool::{Hold, WatchPool, reader};
 use crate::contract::KindRef;
 use crate::plan::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::shard::{Buckets, SHARD_BUCKET_LABEL, bucket_of};
@@ -56,6 +57,9 @@ pub struct ControllerRef {
 /// caches keep theirs).
 pub struct ChildCaches {
     client: Client,
+    /// With `--plugin-identities`: each plugin's caches are its own, read as its
+    /// ServiceAccount; none: one cache per kind for every plugin, read as the host.
+    identities: Option<PluginIdentities>,
     namespace: Option<String>,
     /// With `--shards`: only the children of these buckets' parents.
     shard: Option<Buckets>,
@@ -69,15 +73,18 @@ pub type KindWatch = Hold<KindCache>;
 
 impl ChildCaches {
     /// No cache yet; `namespace` limits namespaced kinds to one namespace, `shard` the
-    /// children to those of its buckets' parents.
+    /// children to those of its buckets' parents; with `identities`, every plugin reads
+    /// its own children as itself.
     pub fn new(
         client: Client,
         namespace: Option<String>,
         shard: Option<Buckets>,
         metrics: Arc<Metrics>,
+        identities: Option<PluginIdentities>,
     ) -> Self {
         ChildCaches {
             client: watch_client(&client, None, metrics.watch_bytes("children")),
+            identities,
             namespace,
             shard,
             metrics,
@@ -85,12 +92,14 @@ impl ChildCaches {
         }
     }
 
-    /// A hold on the cache of `kind`, whose watch starts if it is not running yet.
-    pub fn watch(&self, kind: &KindRef) -> KindWatch {
-        let key = format!("{}/{}", kind.api_version(), kind.kind);
+    /// A hold on the cache of `kind` for `plugin`'s controller, whose watch starts if it
+    /// is not running yet: the host's cache of the kind, or with `--plugin-identities`
+    /// the plugin's own, read as its ServiceAccount.
+    pub fn watch(&self, kind: &KindRef, plugin: &str) -> KindWatch {
+        let (key, client) = reader(&self.client, self.identities.as_ref(), plugin, kind);
         self.pool.hold(key, || {
             KindCache::start(
-                &self.client,
+                &client,
                 kind,
                 self.namespace.as_deref(),
                 self.shard,
@@ -615,6 +624,8 @@ impl Index {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::super::fake_api;
     use super::super::freshness::{CacheState, Expectations, Written};
     use super::*;
@@ -861,7 +872,7 @@ mod tests {
 
     fn caches(store: &fake_api::Store) -> (ChildCaches, fake_api::Calls) {
         let (client, calls) = store.client();
-        let caches = ChildCaches::new(client, None, None, Arc::new(Metrics::default()));
+        let caches = ChildCaches::new(client, None, None, Arc::new(Metrics::default()), None);
         (caches, calls)
     }
 
@@ -877,9 +888,10 @@ mod tests {
     async fn a_kind_is_watched_while_a_controller_declares_it() {
         let store = fake_api::Store::new();
         let (caches, calls) = caches(&store);
-        let first = caches.watch(&configmaps());
-        let second = caches.watch(&configmaps());
-        let service = caches.watch(&services());
+        // Two plugins' controllers: one cache of the kind, read as the host.
+        let first = caches.watch(&configmaps(), "a");
+        let second = caches.watch(&configmaps(), "b");
+        let service = caches.watch(&services(), "a");
         assert_eq!(caches.watched(), ["v1/ConfigMap", "v1/Service"]);
         assert!(
             Arc::ptr_eq(first.cache(), second.cache()),
@@ -906,9 +918,53 @@ mod tests {
         drop(service);
         assert!(caches.watched().is_empty());
         // Watched again: a new watch, which lists again.
-        let again = caches.watch(&configmaps());
+        let again = caches.watch(&configmaps(), "a");
         assert!(again.cache().synced(Duration::from_secs(10)).await);
         assert_eq!(caches.watched(), ["v1/ConfigMap"]);
+        assert!(
+            calls
+                .all()
+                .iter()
+                .all(|c| !c.headers.contains_key("impersonate-user")),
+            "the host's caches read as the host"
+        );
+    }
+
+    #[tokio::test]
+    async fn with_plugin_identities_each_plugin_reads_its_children_as_itself() {
+        let store = fake_api::Store::new();
+        let (client, calls) = store.client();
+        let identities = PluginIdentities::new("capstan-system");
+        let caches = ChildCaches::new(
+            client,
+            None,
+            None,
+            Arc::new(Metrics::default()),
+            Some(identities.clone()),
+        );
+        let a = caches.watch(&configmaps(), "a");
+        let b = caches.watch(&configmaps(), "b");
+        assert_eq!(caches.watched(), ["a v1/ConfigMap", "b v1/ConfigMap"]);
+        assert!(!Arc::ptr_eq(a.cache(), b.cache()), "no cache shared");
+        assert!(a.cache().synced(Duration::from_secs(10)).await);
+        assert!(b.cache().synced(Duration::from_secs(10)).await);
+        let users: BTreeSet<String> = calls
+            .all()
+            .iter()
+            .filter(|c| c.path == "/api/v1/configmaps")
+            .map(|c| {
+                c.headers
+                    .get("impersonate-user")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("the host")
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            users,
+            BTreeSet::from([identities.user("a"), identities.user("b")]),
+            "every list and watch of a plugin's children is made as that plugin"
+        );
     }
 
     #[test]

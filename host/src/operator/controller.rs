@@ -66,6 +66,7 @@ impl ControllerOptions {
             fence: self.fence.clone(),
             force_release: self.force_release.clone(),
             instance: self.instance.clone(),
+            identities: self.identities.clone(),
         }
     }
 }
@@ -87,10 +88,17 @@ impl Caches {
         namespace: Option<String>,
         shard: Option<Buckets>,
         metrics: Arc<Metrics>,
+        identities: Option<PluginIdentities>,
     ) -> Self {
         Caches {
-            children: ChildCaches::new(client.clone(), namespace.clone(), shard, metrics.clone()),
-            related: RelatedCaches::new(client, namespace, metrics),
+            children: ChildCaches::new(
+                client.clone(),
+                namespace.clone(),
+                shard,
+                metrics.clone(),
+                identities.clone(),
+            ),
+            related: RelatedCaches::new(client, namespace, metrics, identities),
         }
     }
 }
@@ -124,12 +132,21 @@ impl RunningController {
             Some(identities) => identities.client_of(&client, &info.name),
             None => client,
         };
-        // The related kinds first: a parent that goes away forgets its requests.
+        // The related kinds first: a parent that goes away forgets its requests. Secrets
+        // are watched only with the labels the plugin's grant names.
+        let grant = plugin.limits_file().grant.unwrap_or_default();
         let (related_changes, related_rx) = tokio::sync::mpsc::unbounded_channel();
         let related: Vec<RelatedWatch> = info
             .related
             .iter()
-            .map(|k| caches.related.watch(k, related_changes.clone()))
+            .map(|k| {
+                caches.related.watch(
+                    k,
+                    &info.name,
+                    grant.related_labels(k),
+                    related_changes.clone(),
+                )
+            })
             .collect();
         drop(related_changes);
         let related_caches: Vec<(Arc<RelatedCache>, u64)> = related
@@ -189,7 +206,7 @@ impl RunningController {
         let watches: Vec<KindWatch> = info
             .children
             .iter()
-            .map(|k| caches.children.watch(k))
+            .map(|k| caches.children.watch(k, &info.name))
             .collect();
         let kind_caches: Vec<Arc<KindCache>> = watches.iter().map(|w| w.cache().clone()).collect();
         let mut triggers: Vec<futures::stream::BoxStream<'static, ObjectRef<CachedParent>>> =

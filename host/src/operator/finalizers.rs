@@ -19,6 +19,7 @@ use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::cluster::{self, ClusterWrites, ErrorClass};
+use super::identity::PluginIdentities;
 use super::kinds::api_resource;
 use super::leader::WriteFence;
 use super::metrics::Metrics;
@@ -138,6 +139,9 @@ pub struct ReleaseScope {
     pub force_release: ForceRelease,
     /// This replica's name in the events it posts.
     pub instance: Option<String>,
+    /// With `--plugin-identities`: a gone plugin's finalizers are released as its own
+    /// ServiceAccount, as its controller wrote them.
+    pub identities: Option<PluginIdentities>,
 }
 
 /// The release of the host's finalizer from the parents of one kind whose plugin is gone.
@@ -167,6 +171,10 @@ impl FinalizerRelease {
         scope: &ReleaseScope,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let client = match &scope.identities {
+            Some(identities) => identities.client_of(&client, plugin),
+            None => client,
+        };
         let shard = scope.shard;
         // The same shardSelector as the parent watch: the API server sends only this
         // replica's buckets (and the check below drops any other).

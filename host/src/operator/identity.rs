@@ -1,19 +1,28 @@
 //! Each plugin's own identity (`--plugin-identities NAMESPACE`): the requests the host
-//! makes on a plugin's behalf — its parents' watch, every write of its reconciles
-//! (children applied and pruned, status, events, finalizers) — are made as the plugin's
-//! ServiceAccount `capstan-plugin-<plugin>` in NAMESPACE, through impersonation
-//! (`Impersonate-User: system:serviceaccount:NAMESPACE:capstan-plugin-<plugin>`). The
-//! API server then authorizes each of them against that account's RBAC, which
+//! makes on a plugin's behalf — the watches of its parents, children and related
+//! objects, every write of its reconciles (children applied and pruned, status,
+//! events, finalizers) and the release of its finalizers once it is gone — are made
+//! as the plugin's ServiceAccount `capstan-plugin-<plugin>` in NAMESPACE, through
+//! impersonation
+//! (`Impersonate-User: system:serviceaccount:NAMESPACE:capstan-plugin-<plugin>`).
+//! The API server then authorizes each of them against that account's RBAC, which
 //! `capstan rbac --plugin-identities NAMESPACE` prints from the plugin's declarations:
 //! a plugin's bug, or a bug in the host's own checks, cannot write outside its grant.
 //!
-//! The shared caches of child and related kinds (one watch per kind, whatever the
-//! plugins) still read with the host's identity; what they deliver to each plugin is
-//! selected by the host (docs/security.md).
+//! So no cache is shared across plugins then: each plugin's child and related kinds
+//! are watched for it alone ([`super::watch_pool::reader`]), at the cost of one watch
+//! per plugin and kind instead of one per kind (docs/performance.md). What is left to
+//! the host's own identity is its own: its Lease, its webhook's Secret and
+//! configuration, and the CRDs it installs (docs/security.md).
 
 use http::{HeaderValue, Request};
+use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use kube::Client;
+use kube::api::{Api, PostParams};
 use kube::client::Body;
+use serde_json::json;
+
+use crate::contract::{KindRef, PluginInfo};
 
 /// The prefix of a plugin's ServiceAccount: `capstan-plugin-<plugin>`.
 pub const SERVICE_ACCOUNT_PREFIX: &str = "capstan-plugin-";
@@ -56,6 +65,99 @@ impl PluginIdentities {
     pub fn client_of(&self, client: &Client, plugin: &str) -> Client {
         impersonating(client, &self.user(plugin))
     }
+}
+
+impl PluginIdentities {
+    /// Whether `info`'s account may make the requests its controller makes for it
+    /// (namespaced kinds in `namespace` when the host watches one): asked of the API
+    /// server as the account (SelfSubjectAccessReview, which every authenticated user
+    /// may ask), so that a plugin whose account is missing or short of rights is
+    /// refused at load, in one line, instead of serving with watches that fail.
+    pub async fn check_access(
+        &self,
+        client: &Client,
+        info: &PluginInfo,
+        namespace: Option<&str>,
+    ) -> Result<(), String> {
+        let plugin = self.client_of(client, &info.name);
+        let reviews: Api<SelfSubjectAccessReview> = Api::all(plugin);
+        for (kind, verbs) in needed(info) {
+            for verb in verbs {
+                let review: SelfSubjectAccessReview = serde_json::from_value(json!({
+                    "spec": {"resourceAttributes": {
+                        "group": kind.group,
+                        "resource": kind.resource,
+                        "verb": verb,
+                        "namespace": if kind.namespaced { namespace } else { None },
+                    }}
+                }))
+                .expect("a SelfSubjectAccessReview");
+                let answer = reviews
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(|e| {
+                        format!(
+                            "cannot ask whether {} may {verb} {}: {e}",
+                            self.user(&info.name),
+                            kind.resource
+                        )
+                    })?;
+                if !answer.status.is_some_and(|s| s.allowed) {
+                    let group = match kind.group.as_str() {
+                        "" => String::new(),
+                        g => format!(".{g}"),
+                    };
+                    return Err(format!(
+                        "plugin {}: its account {} may not {verb} {}{group}: grant it what `capstan rbac --plugins DIR --plugin-identities {}` prints (docs/security.md)",
+                        info.name,
+                        self.user(&info.name),
+                        kind.resource,
+                        self.namespace,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A resource a plugin's requests touch.
+struct Needed {
+    group: String,
+    resource: String,
+    namespaced: bool,
+}
+
+/// What `info`'s controller asks of the API server as the plugin, by resource: the
+/// rules of `rbac::plugin_identity`, less those only a rare path needs (finalizers).
+fn needed(info: &PluginInfo) -> Vec<(Needed, &'static [&'static str])> {
+    let of = |kind: &KindRef, suffix: &str| Needed {
+        group: kind.group.clone(),
+        resource: format!("{}{suffix}", kind.plural),
+        namespaced: kind.namespaced,
+    };
+    let mut needed: Vec<(Needed, &'static [&'static str])> = vec![
+        (of(&info.parent, ""), &["list", "watch", "patch"]),
+        (of(&info.parent, "/status"), &["patch"]),
+    ];
+    for child in &info.children {
+        needed.push((
+            of(child, ""),
+            &["list", "watch", "create", "patch", "delete"],
+        ));
+    }
+    for related in &info.related {
+        needed.push((of(related, ""), &["list", "watch"]));
+    }
+    needed.push((
+        Needed {
+            group: "events.k8s.io".into(),
+            resource: "events".into(),
+            namespaced: true,
+        },
+        &["create"],
+    ));
+    needed
 }
 
 /// `client`, every request of which carries `Impersonate-User: user`.
@@ -118,5 +220,62 @@ mod tests {
                 .get("impersonate-user")
                 .is_none()
         );
+    }
+
+    fn widget() -> PluginInfo {
+        let kind = |group: &str, kind: &str, plural: &str| KindRef {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced: true,
+        };
+        PluginInfo {
+            name: "widget".into(),
+            parent: kind("test.capstan.dev", "Widget", "widgets"),
+            children: vec![kind("", "ConfigMap", "configmaps")],
+            related: vec![kind("", "Secret", "secrets")],
+            ..PluginInfo::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plugin_whose_account_lacks_a_right_is_refused_in_one_line() {
+        // The API server allows everything but watching Secrets.
+        let (client, calls) = fake_api::client(|call: &fake_api::Call| {
+            let attributes = &call.body["spec"]["resourceAttributes"];
+            let allowed = !(attributes["resource"] == "secrets" && attributes["verb"] == "watch");
+            let mut answer = call.body.clone();
+            answer["status"] = json!({"allowed": allowed});
+            (201, answer)
+        });
+        let identities = PluginIdentities::new("capstan-system");
+        let refused = identities
+            .check_access(&client, &widget(), Some("prod"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused,
+            "plugin widget: its account system:serviceaccount:capstan-system:capstan-plugin-widget may not watch secrets: grant it what `capstan rbac --plugins DIR --plugin-identities capstan-system` prints (docs/security.md)"
+        );
+        let all = calls.all();
+        assert!(all.iter().all(|c| {
+            c.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+                && c.headers
+                    .get("impersonate-user")
+                    .and_then(|v| v.to_str().ok())
+                    == Some("system:serviceaccount:capstan-system:capstan-plugin-widget")
+                && c.body["spec"]["resourceAttributes"]["namespace"] == "prod"
+        }));
+        // Everything allowed: served.
+        let (client, _) = fake_api::client(|call: &fake_api::Call| {
+            let mut answer = call.body.clone();
+            answer["status"] = json!({"allowed": true});
+            (201, answer)
+        });
+        identities
+            .check_access(&client, &widget(), None)
+            .await
+            .unwrap();
     }
 }

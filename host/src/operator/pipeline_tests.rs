@@ -722,7 +722,7 @@ async fn a_child_kind_is_watched_while_a_running_plugin_declares_it() {
     let store = Store::new();
     let (client, _) = store.client();
     let metrics = Arc::new(Metrics::default());
-    let caches = Caches::new(client.clone(), None, None, metrics.clone());
+    let caches = Caches::new(client.clone(), None, None, metrics.clone(), None);
     let opts = ControllerOptions {
         identities: None,
         namespace: None,

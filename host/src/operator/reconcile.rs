@@ -740,8 +740,18 @@ mod finalize_tests {
         let plugin = Plugin::native(Guard);
         let info = plugin.info().clone();
         let metrics = Arc::new(Metrics::default());
-        let caches = ChildCaches::new(client.clone(), Some("ns".into()), None, metrics.clone());
-        let watches: Vec<KindWatch> = info.children.iter().map(|k| caches.watch(k)).collect();
+        let caches = ChildCaches::new(
+            client.clone(),
+            Some("ns".into()),
+            None,
+            metrics.clone(),
+            None,
+        );
+        let watches: Vec<KindWatch> = info
+            .children
+            .iter()
+            .map(|k| caches.watch(k, &info.name))
+            .collect();
         let kind_caches = watches.iter().map(|w| w.cache().clone()).collect();
         let ctx = Context::new(
             plugin,

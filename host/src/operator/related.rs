@@ -27,10 +27,11 @@ use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::identity::PluginIdentities;
 use super::kinds::api_resource;
 use super::metrics::Metrics;
 use super::watch_client::watch_client;
-use super::watch_pool::{Hold, WatchPool};
+use super::watch_pool::{Hold, WatchPool, reader};
 use crate::contract::{KindRef, Selector};
 
 /// (namespace, name) of an object.
@@ -50,6 +51,10 @@ pub struct Interested {
 /// starts with the first [`RelatedWatch`] of it and stops with the last.
 pub struct RelatedCaches {
     client: Client,
+    /// With `--plugin-identities`: each plugin's caches are its own, read as its
+    /// ServiceAccount; none: one cache per kind (and label selector) for every plugin,
+    /// read as the host.
+    identities: Option<PluginIdentities>,
     namespace: Option<String>,
     metrics: Arc<Metrics>,
     pool: WatchPool<RelatedCache>,
@@ -82,26 +87,56 @@ impl Drop for RelatedWatch {
 }
 
 impl RelatedCaches {
-    /// No cache yet; `namespace` limits namespaced kinds to one namespace.
-    pub fn new(client: Client, namespace: Option<String>, metrics: Arc<Metrics>) -> Self {
+    /// No cache yet; `namespace` limits namespaced kinds to one namespace; with
+    /// `identities`, every plugin reads its related objects as itself.
+    pub fn new(
+        client: Client,
+        namespace: Option<String>,
+        metrics: Arc<Metrics>,
+        identities: Option<PluginIdentities>,
+    ) -> Self {
         RelatedCaches {
             client: watch_client(&client, None, metrics.watch_bytes("related")),
+            identities,
             namespace,
             metrics,
             pool: WatchPool::new("related"),
         }
     }
 
-    /// A hold on the cache of `kind` (its watch starts if it is not running yet), with
-    /// a subscription: the parents this subscription's interests concern are sent to
-    /// `changes` when a related object changes.
-    pub fn watch(&self, kind: &KindRef, changes: mpsc::UnboundedSender<Key>) -> RelatedWatch {
-        let key = format!("{}/{}", kind.api_version(), kind.kind);
+    /// A hold on the cache of `kind` for `plugin`'s controller (its watch starts if it
+    /// is not running yet), with a subscription: the parents this subscription's
+    /// interests concern are sent to `changes` when a related object changes.
+    ///
+    /// With `labels` (what a grant of Secrets allows), the API server sends only the
+    /// objects that carry them: the host holds no Secret that no grant names. The
+    /// cache is the host's for every plugin with the same labels, or with
+    /// `--plugin-identities` the plugin's own, read as its ServiceAccount.
+    pub fn watch(
+        &self,
+        kind: &KindRef,
+        plugin: &str,
+        labels: Option<&BTreeMap<String, String>>,
+        changes: mpsc::UnboundedSender<Key>,
+    ) -> RelatedWatch {
+        let (key, client) = reader(&self.client, self.identities.as_ref(), plugin, kind);
+        let selector = labels.map(|labels| {
+            labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        let key = match &selector {
+            Some(selector) => format!("{key} {{{selector}}}"),
+            None => key,
+        };
         let hold = self.pool.hold(key, || {
             RelatedCache::start(
-                &self.client,
+                &client,
                 kind,
                 self.namespace.as_deref(),
+                selector.as_deref(),
                 self.metrics.clone(),
             )
         });
@@ -138,6 +173,7 @@ impl RelatedCache {
         client: &Client,
         kind: &KindRef,
         namespace: Option<&str>,
+        selector: Option<&str>,
         metrics: Arc<Metrics>,
     ) -> (Arc<Self>, JoinHandle<()>) {
         let ar = api_resource(kind);
@@ -148,8 +184,12 @@ impl RelatedCache {
         let cache = Arc::new(RelatedCache::new(kind));
         let fed = cache.clone();
         let name = kind.to_string();
+        let config = match selector {
+            Some(selector) => watcher::Config::default().labels(selector),
+            None => watcher::Config::default(),
+        };
         let task = tokio::spawn(async move {
-            let mut events = watcher(api, watcher::Config::default())
+            let mut events = watcher(api, config)
                 .default_backoff()
                 .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear())
                 .boxed();
@@ -818,5 +858,86 @@ mod tests {
         assert_eq!(names(&got), ["team-a"]);
         feed.applied(obj);
         assert_eq!(drain(&mut rx), ["p"]);
+    }
+
+    fn secrets() -> KindRef {
+        KindRef {
+            kind: "Secret".into(),
+            plural: "secrets".into(),
+            ..kind()
+        }
+    }
+
+    /// The list requests made of `/api/v1/secrets`: (who, labelSelector).
+    fn secret_lists(calls: &super::super::fake_api::Calls) -> BTreeSet<(String, String)> {
+        calls
+            .all()
+            .iter()
+            .filter(|c| c.path == "/api/v1/secrets" && !c.has_query("watch=true"))
+            .map(|c| {
+                let who = c
+                    .headers
+                    .get("impersonate-user")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("the host")
+                    .to_string();
+                let selector = c
+                    .query
+                    .split('&')
+                    .find_map(|p| p.strip_prefix("labelSelector="))
+                    .unwrap_or_default()
+                    .to_string();
+                (who, selector)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn granted_secrets_are_watched_with_the_grants_labels_only() {
+        let store = super::super::fake_api::Store::new();
+        let (client, calls) = store.client();
+        let caches = RelatedCaches::new(client, None, Arc::new(Metrics::default()), None);
+        let granted = BTreeMap::from([("capstan.dev/share".to_string(), "db".to_string())]);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let a = caches.watch(&secrets(), "a", Some(&granted), tx.clone());
+        let b = caches.watch(&secrets(), "b", Some(&granted), tx.clone());
+        assert!(
+            Arc::ptr_eq(a.cache(), b.cache()),
+            "the same labels share one cache"
+        );
+        assert!(a.cache().synced(Duration::from_secs(10)).await);
+        assert_eq!(
+            secret_lists(&calls),
+            BTreeSet::from([("the host".into(), "capstan.dev%2Fshare%3Ddb".into())]),
+            "the API server is asked only for the granted Secrets"
+        );
+    }
+
+    #[tokio::test]
+    async fn with_plugin_identities_each_plugin_reads_its_related_objects_as_itself() {
+        let store = super::super::fake_api::Store::new();
+        let (client, calls) = store.client();
+        let identities = super::super::identity::PluginIdentities::new("capstan-system");
+        let caches = RelatedCaches::new(
+            client,
+            None,
+            Arc::new(Metrics::default()),
+            Some(identities.clone()),
+        );
+        let granted = BTreeMap::from([("capstan.dev/share".to_string(), "db".to_string())]);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let a = caches.watch(&secrets(), "a", Some(&granted), tx.clone());
+        let b = caches.watch(&secrets(), "b", Some(&granted), tx.clone());
+        assert!(!Arc::ptr_eq(a.cache(), b.cache()), "no cache shared");
+        assert!(a.cache().synced(Duration::from_secs(10)).await);
+        assert!(b.cache().synced(Duration::from_secs(10)).await);
+        let selector = "capstan.dev%2Fshare%3Ddb".to_string();
+        assert_eq!(
+            secret_lists(&calls),
+            BTreeSet::from([
+                (identities.user("a"), selector.clone()),
+                (identities.user("b"), selector),
+            ])
+        );
     }
 }

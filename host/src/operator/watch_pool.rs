@@ -6,7 +6,32 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
+use kube::Client;
 use tokio::task::JoinHandle;
+
+use super::identity::PluginIdentities;
+use crate::contract::KindRef;
+
+/// The key of `plugin`'s cache of `kind` in a pool, and the client it reads with:
+/// without `identities`, one cache of the kind (`apiVersion/kind`) for every plugin,
+/// read as the host; with them, the plugin's own (`plugin apiVersion/kind`), every
+/// request of which is made as its ServiceAccount, so that the API server bounds what
+/// each plugin's caches hold and no cache is shared across plugins.
+pub fn reader(
+    client: &Client,
+    identities: Option<&PluginIdentities>,
+    plugin: &str,
+    kind: &KindRef,
+) -> (String, Client) {
+    let kind = format!("{}/{}", kind.api_version(), kind.kind);
+    match identities {
+        Some(identities) => (
+            format!("{plugin} {kind}"),
+            identities.client_of(client, plugin),
+        ),
+        None => (kind, client.clone()),
+    }
+}
 
 /// The running caches of one sort (children or related objects), by kind
 /// (`apiVersion/kind`).

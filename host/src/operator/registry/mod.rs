@@ -171,6 +171,7 @@ impl PluginRegistry {
                 opts.controller.namespace.clone(),
                 opts.controller.shard,
                 metrics.clone(),
+                opts.controller.identities.clone(),
             ),
             releases: Releases::new(
                 client.clone(),
@@ -493,6 +494,19 @@ impl PluginRegistry {
                 state.limits_stamp = Some(limits_stamp);
             }
             return self.failed(path, refused.to_string());
+        }
+        // With --plugin-identities, the plugin's account must hold what its controller
+        // asks as it (tried again later: the administrator may grant it meanwhile).
+        if let Some(identities) = &self.opts.controller.identities
+            && let Err(refused) = identities
+                .check_access(
+                    &self.client,
+                    plugin.info(),
+                    self.opts.controller.namespace.as_deref(),
+                )
+                .await
+        {
+            return self.failed_for_now(path, format!("{}: {refused}", path.display()));
         }
         if let Some(other) = self.claimant(&plugin, path) {
             let claimed = |kept: &Path, refused: &Path| Error::KindClaimed {
