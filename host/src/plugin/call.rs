@@ -30,7 +30,7 @@ use super::error::CallError;
 use super::error::one_line;
 use super::limits::Limits;
 use super::limits::LimitsFile;
-use super::state::{self, CallState, Pinned};
+use super::state::{self, CallState, LogRate, Pinned};
 use super::stats::Outcome;
 use super::{cache, cpu};
 use crate::contract::{Desired, FinalizeResult, Observed, PluginError, PluginInfo, RelatedRequest};
@@ -55,6 +55,8 @@ pub(super) struct PluginInner {
     pub(super) _cache_entry: Option<cache::CacheEntry>,
     /// The limits its calls run under; a call takes them as they are when it starts.
     pub(super) limits: RwLock<Arc<Limits>>,
+    /// Its log budget across calls.
+    pub(super) log_rate: Arc<LogRate>,
 }
 
 /// How long after a call that ran an epoch tick or more a plugin's async calls start on
@@ -529,7 +531,12 @@ impl WasmPlugin {
         let _running = sandbox.metrics.running(name);
         let mut store = Store::new(
             &sandbox.engine,
-            CallState::new(name, limits.memory_limit, pinned),
+            CallState::new(
+                name,
+                limits.memory_limit,
+                pinned,
+                self.inner.log_rate.clone(),
+            ),
         );
         store.limiter(|s| &mut s.limits);
         // Yield at the next epoch tick, then at every tick (a new store's deadline is
@@ -551,7 +558,7 @@ impl WasmPlugin {
         if took >= EPOCH_TICK {
             self.inner.slow.mark();
         }
-        let output = store.data_mut().take_output();
+        let mut output = store.data_mut().take_output();
         output.log(name);
         let result = match outcome {
             Ok(result) => result.map_err(|err| self.classify(err, store.data(), &output, &limits)),

@@ -126,6 +126,7 @@ impl Sandbox {
                 sha256,
                 path: path.to_owned(),
                 slow: SlowUntil::default(),
+                log_rate: Arc::default(),
                 _cache_entry: None,
                 limits: RwLock::new(Arc::new(Limits::resolve(
                     &self.config,
@@ -151,6 +152,7 @@ impl Sandbox {
                 sha256: inner.sha256.clone(),
                 path: inner.path.clone(),
                 slow: SlowUntil::default(),
+                log_rate: Arc::default(),
                 _cache_entry: cached,
                 limits: RwLock::new(Arc::new(Limits::resolve(
                     &self.config,

@@ -4,6 +4,7 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use wasmtime::ResourceLimiter;
@@ -48,6 +49,90 @@ pub const MAX_LOG_BYTES: usize = 64 << 10;
 /// The longest `log` message; a longer one is cut there.
 pub const MAX_LOG_LINE: usize = 4 << 10;
 
+/// Lines a plugin may log per second across its calls (`log` lines, and stdout and
+/// stderr lines), once its burst is spent.
+pub const LOG_RATE_LINES: f64 = 100.0;
+/// Lines a plugin may log at once before [`LOG_RATE_LINES`] holds it back.
+pub const LOG_BURST_LINES: f64 = 1000.0;
+/// Bytes a plugin may log per second across its calls, once its burst is spent.
+pub const LOG_RATE_BYTES: f64 = 128.0 * 1024.0;
+/// Bytes a plugin may log at once before [`LOG_RATE_BYTES`] holds it back.
+pub const LOG_BURST_BYTES: f64 = 1024.0 * 1024.0;
+/// How often, at most, the host says that a plugin's lines are dropped by its rate.
+const RATE_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A plugin's log budget across its calls: a token bucket of lines and of bytes,
+/// refilled at [`LOG_RATE_LINES`] and [`LOG_RATE_BYTES`] a second up to their bursts.
+/// One call's budget alone ([`MAX_LOG_LINES`]) does not bound a plugin that is called
+/// often; this does, so that no plugin can flood the host's log (and what ships it)
+/// however many parents it has. Lines past it are dropped, counted, and said at most
+/// once a minute.
+#[derive(Debug)]
+pub struct LogRate(Mutex<Bucket>);
+
+#[derive(Debug)]
+struct Bucket {
+    lines: f64,
+    bytes: f64,
+    at: Instant,
+    /// Lines dropped since the host last said so, and when it did.
+    dropped: u64,
+    warned: Option<Instant>,
+}
+
+impl Default for LogRate {
+    fn default() -> Self {
+        LogRate(Mutex::new(Bucket {
+            lines: LOG_BURST_LINES,
+            bytes: LOG_BURST_BYTES,
+            at: Instant::now(),
+            dropped: 0,
+            warned: None,
+        }))
+    }
+}
+
+impl LogRate {
+    /// Whether a line of `len` bytes may be logged now; if not, it is counted.
+    pub fn take(&self, len: usize) -> bool {
+        self.take_at(len, Instant::now())
+    }
+
+    fn take_at(&self, len: usize, now: Instant) -> bool {
+        let mut b = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
+        b.at = b.at.max(now);
+        b.lines = (b.lines + elapsed * LOG_RATE_LINES).min(LOG_BURST_LINES);
+        b.bytes = (b.bytes + elapsed * LOG_RATE_BYTES).min(LOG_BURST_BYTES);
+        if b.lines >= 1.0 && b.bytes >= len as f64 {
+            b.lines -= 1.0;
+            b.bytes -= len as f64;
+            true
+        } else {
+            b.dropped += 1;
+            false
+        }
+    }
+
+    /// The lines dropped since the last time this answered, if it is time to say so
+    /// (at most once a minute).
+    fn due_warning(&self, now: Instant) -> Option<u64> {
+        let mut b = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let due = b.dropped > 0 && b.warned.is_none_or(|at| now >= at + RATE_WARNING_EVERY);
+        due.then(|| {
+            b.warned = Some(now);
+            std::mem::take(&mut b.dropped)
+        })
+    }
+
+    /// Says, at most once a minute, how many of `plugin`'s lines its rate dropped.
+    pub fn warn(&self, plugin: &str) {
+        if let Some(lines) = self.due_warning(Instant::now()) {
+            tracing::warn!(target: "capstan::plugin", plugin, lines, "the plugin logs faster than {LOG_RATE_LINES} lines or {} KiB a second across its calls; {lines} lines were dropped", LOG_RATE_BYTES as u64 / 1024);
+        }
+    }
+}
+
 /// What is left of one call's `log` budget, and what went past it.
 #[derive(Debug)]
 struct LogBudget {
@@ -55,15 +140,18 @@ struct LogBudget {
     bytes: usize,
     dropped_lines: u64,
     dropped_bytes: u64,
+    /// The plugin's budget across its calls.
+    rate: Arc<LogRate>,
 }
 
 impl LogBudget {
-    fn new() -> Self {
+    fn new(rate: Arc<LogRate>) -> Self {
         LogBudget {
             lines: MAX_LOG_LINES,
             bytes: MAX_LOG_BYTES,
             dropped_lines: 0,
             dropped_bytes: 0,
+            rate,
         }
     }
 
@@ -80,7 +168,7 @@ impl LogBudget {
             message.truncate(cut);
             message.push_str(" …");
         }
-        if self.lines == 0 || message.len() > self.bytes {
+        if self.lines == 0 || message.len() > self.bytes || !self.rate.take(message.len()) {
             self.dropped_lines += 1;
             self.dropped_bytes += message.len() as u64;
             return None;
@@ -104,8 +192,13 @@ pub struct CallState {
 
 impl CallState {
     /// State for one call of `plugin`, with `memory_limit` bytes of linear memory, its
-    /// clock and random pinned if `pinned`.
-    pub fn new(plugin: &str, memory_limit: usize, pinned: Option<Pinned>) -> Self {
+    /// clock and random pinned if `pinned`, and its log budget across calls `rate`.
+    pub fn new(
+        plugin: &str,
+        memory_limit: usize,
+        pinned: Option<Pinned>,
+        rate: Arc<LogRate>,
+    ) -> Self {
         let stdout = BoundedOutput::new(OUTPUT_CAPACITY);
         let stderr = BoundedOutput::new(OUTPUT_CAPACITY);
         // The builder's defaults grant nothing: no preopens, no env, no args, stdin
@@ -138,7 +231,7 @@ impl CallState {
                 exceeded: false,
                 peak: 0,
             },
-            log_budget: LogBudget::new(),
+            log_budget: LogBudget::new(rate),
         }
     }
 
@@ -156,12 +249,14 @@ impl CallState {
     pub fn take_output(&mut self) -> Output {
         let (stdout, out_dropped) = self.stdout.take();
         let (stderr, err_dropped) = self.stderr.take();
-        let log = std::mem::replace(&mut self.log_budget, LogBudget::new());
+        let rate = self.log_budget.rate.clone();
+        let log = std::mem::replace(&mut self.log_budget, LogBudget::new(rate.clone()));
         Output {
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
             dropped: out_dropped + err_dropped + log.dropped_bytes,
             log_lines_dropped: log.dropped_lines,
+            rate,
         }
     }
 }
@@ -183,6 +278,8 @@ pub struct Output {
     dropped: u64,
     /// `log` lines beyond the call's budget, dropped.
     log_lines_dropped: u64,
+    /// The plugin's log budget across its calls.
+    rate: Arc<LogRate>,
 }
 
 impl Output {
@@ -191,19 +288,26 @@ impl Output {
         self.dropped
     }
 
-    /// Sends every printed line to the host's log, tagged with the plugin's name.
-    pub fn log(&self, plugin: &str) {
+    /// Sends every printed line to the host's log, tagged with the plugin's name, within
+    /// the plugin's log rate (the lines past it are dropped and counted).
+    pub fn log(&mut self, plugin: &str) {
         if self.log_lines_dropped > 0 {
             tracing::warn!(target: "capstan::plugin", plugin, lines = self.log_lines_dropped, "the plugin logged more than {MAX_LOG_LINES} lines or {MAX_LOG_BYTES} bytes in one call; the rest was dropped");
         } else if self.dropped > 0 {
             tracing::warn!(target: "capstan::plugin", plugin, dropped = self.dropped, "the plugin printed more than {OUTPUT_CAPACITY} bytes on a stream (or a log line over {MAX_LOG_LINE}) in one call; the rest was dropped");
         }
-        for line in self.stdout.lines().filter(|l| !l.trim().is_empty()) {
-            tracing::info!(target: "capstan::plugin", plugin, stream = "stdout", "{line}");
+        let mut dropped = 0;
+        for (stream, text) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                if self.rate.take(line.len()) {
+                    tracing::info!(target: "capstan::plugin", plugin, stream, "{line}");
+                } else {
+                    dropped += line.len() as u64;
+                }
+            }
         }
-        for line in self.stderr.lines().filter(|l| !l.trim().is_empty()) {
-            tracing::info!(target: "capstan::plugin", plugin, stream = "stderr", "{line}");
-        }
+        self.dropped += dropped;
+        self.rate.warn(plugin);
     }
 
     /// The message of a Rust panic, as the guest's panic hook printed it to stderr
@@ -402,6 +506,7 @@ mod tests {
             stderr: "thread '<unnamed>' panicked at src/lib.rs:10:5:\nboom: spec.replicas missing\nnote: run with `RUST_BACKTRACE=1`\n".into(),
             dropped: 0,
             log_lines_dropped: 0,
+            rate: Arc::default(),
         };
         assert_eq!(
             out.panic_message().as_deref(),
@@ -412,6 +517,7 @@ mod tests {
             stderr: String::new(),
             dropped: 0,
             log_lines_dropped: 0,
+            rate: Arc::default(),
         };
         assert_eq!(quiet.panic_message(), None);
     }
@@ -419,7 +525,7 @@ mod tests {
     #[test]
     fn a_call_logs_within_its_budget_and_the_rest_is_dropped_and_counted() {
         use super::super::bindings::v0_2::capstan::plugin::log::{Host, Level};
-        let mut state = CallState::new("flood", 1 << 20, None);
+        let mut state = CallState::new("flood", 1 << 20, None, Arc::default());
         // One huge line: cut at the line limit.
         Host::log(&mut state, Level::Info, "x".repeat(MAX_LOG_LINE + 1000));
         // A flood: the call's lines run out.
@@ -441,7 +547,7 @@ mod tests {
         Host::log(&mut state, Level::Info, "again".into());
         assert_eq!(state.log_budget.lines, MAX_LOG_LINES - 1);
         // Bytes run out before lines do with long lines.
-        let mut budget = LogBudget::new();
+        let mut budget = LogBudget::new(Arc::default());
         let admitted = (0..MAX_LOG_LINES)
             .filter(|_| budget.admit("y".repeat(MAX_LOG_LINE)).is_some())
             .count();
@@ -450,6 +556,57 @@ mod tests {
             budget.dropped_lines,
             u64::from(MAX_LOG_LINES) - admitted as u64
         );
+    }
+
+    #[test]
+    fn a_plugin_logs_within_its_rate_across_calls() {
+        use super::super::bindings::v0_2::capstan::plugin::log::{Host, Level};
+        let rate = Arc::new(LogRate::default());
+        // Calls that each stay within their own budget, many of them at once: the burst
+        // goes through, then the rate holds the plugin back.
+        let mut logged = 0;
+        for _ in 0..100 {
+            let mut state = CallState::new("chatty", 1 << 20, None, rate.clone());
+            for i in 0..MAX_LOG_LINES {
+                Host::log(&mut state, Level::Info, format!("line {i}"));
+            }
+            let output = state.take_output();
+            logged += u64::from(MAX_LOG_LINES) - output.log_lines_dropped;
+        }
+        // The burst, and what the rate refilled while the loop ran (well under a second).
+        assert!(
+            (LOG_BURST_LINES as u64..LOG_BURST_LINES as u64 + LOG_RATE_LINES as u64)
+                .contains(&logged),
+            "{logged} lines got through"
+        );
+        // Said once, with the count, then not again within the minute.
+        let now = Instant::now();
+        let said = rate.due_warning(now).expect("the drops are said");
+        assert_eq!(said, 100 * u64::from(MAX_LOG_LINES) - logged);
+        assert!(!rate.take_at(8, now), "still spent");
+        assert_eq!(
+            rate.due_warning(now + std::time::Duration::from_secs(1)),
+            None
+        );
+        assert_eq!(
+            rate.due_warning(now + RATE_WARNING_EVERY),
+            Some(1),
+            "a minute later, the next drops are said"
+        );
+        // It refills with time: ten seconds give the whole burst back.
+        let later = now + std::time::Duration::from_secs(10);
+        assert!((0..LOG_BURST_LINES as usize).all(|_| rate.take_at(8, later)));
+        assert!(!rate.take_at(8, later));
+        // Printed lines share it: stdout past the rate is dropped and counted.
+        let mut output = Output {
+            stdout: "a\nb\n".into(),
+            stderr: String::new(),
+            dropped: 0,
+            log_lines_dropped: 0,
+            rate: rate.clone(),
+        };
+        output.log("chatty");
+        assert!(output.dropped() >= 2, "{}", output.dropped());
     }
 
     #[test]
