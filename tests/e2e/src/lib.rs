@@ -199,6 +199,32 @@ pub async fn in_test_namespace<T>(
     run_then_delete(client, namespace, cleanup, test).await
 }
 
+/// The one namespace whose reads (get, list, watch), not only writes, the local
+/// cluster's audit log records (the policy in `xtask/src/cluster/components.rs`).
+pub const AUDIT_READS_NAMESPACE: &str = "capstan-audit-reads";
+
+/// [`in_test_namespace`] in [`AUDIT_READS_NAMESPACE`], made anew (one test at a time
+/// may use it: a leftover of an earlier run is deleted first).
+pub async fn in_audited_namespace<T>(
+    cleanup: Duration,
+    test: impl AsyncFnOnce(Client, String) -> Result<T>,
+) -> Result<T> {
+    let client = client().await;
+    let api = Api::<Namespace>::all(client.clone());
+    if api.get_opt(AUDIT_READS_NAMESPACE).await?.is_some() {
+        TestNamespace {
+            name: AUDIT_READS_NAMESPACE.into(),
+            client: client.clone(),
+        }
+        .delete(cleanup)
+        .await?;
+    }
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": AUDIT_READS_NAMESPACE}}))?;
+    let namespace = TestNamespace::create(&client, AUDIT_READS_NAMESPACE.into(), ns).await;
+    run_then_delete(client, namespace, cleanup, test).await
+}
+
 /// [`in_test_namespace`] with a [`kwok_namespace`]: the test's Pods never run.
 pub async fn in_kwok_namespace<T>(
     prefix: &str,

@@ -16,8 +16,9 @@ pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 const POD_CIDR: &str = "10.244.0.0/16";
 
 /// The API server's audit policy: every write request (who, which user agent, what,
-/// when, the response code) at `Metadata` level, nothing else, so that a test can tell
-/// which process wrote what without the log growing with every read and watch.
+/// when, the response code) at `Metadata` level, so that a test can tell which process
+/// wrote what without the log growing with every read and watch; and the reads too in
+/// the one namespace `capstan-audit-reads` (`capstan_e2e::AUDIT_READS_NAMESPACE`), for a test that proves who read what.
 pub const AUDIT_POLICY: &str = "\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -25,6 +26,9 @@ omitStages: [RequestReceived]
 rules:
   - level: Metadata
     verbs: [create, update, patch, delete, deletecollection]
+  - level: Metadata
+    verbs: [get, list, watch]
+    namespaces: [capstan-audit-reads]
   - level: None
 ";
 
