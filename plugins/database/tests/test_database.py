@@ -93,6 +93,20 @@ class MysqlTest(unittest.TestCase):
         self.assertEqual(d.status_value["endpoint"], "app.prod.svc.cluster.local")
         self.assertIn("CredentialsCreated", [e.reason for e in d.events])
 
+    def test_the_pods_meet_the_restricted_pod_security_standard(self):
+        pod = self.fresh().child_named("StatefulSet", "app")["spec"]["template"]["spec"]
+        context = pod["securityContext"]
+        self.assertIs(context["runAsNonRoot"], True)
+        self.assertNotEqual(context["runAsUser"], 0)
+        self.assertEqual(context["seccompProfile"], {"type": "RuntimeDefault"})
+        for container in pod["containers"] + pod.get("initContainers", []):
+            own = container["securityContext"]
+            self.assertIs(own["allowPrivilegeEscalation"], False, container["name"])
+            self.assertEqual(own["capabilities"], {"drop": ["ALL"]}, container["name"])
+            self.assertNotIn("privileged", own)
+        self.assertNotIn("hostNetwork", pod)
+        self.assertFalse(any("hostPath" in v for v in pod.get("volumes", [])))
+
     def test_the_password_is_random_kept_and_never_shown(self):
         first, second = self.fresh(), self.fresh()
         password = base64.b64decode(first.children[0]["data"]["password"]).decode()
