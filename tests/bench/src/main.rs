@@ -30,7 +30,7 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Run only these scenarios (restart, uuid, widget, memory, hot-reload, shards,
-    /// shadow).
+    /// shadow, identities).
     #[arg(long = "only", value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -65,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
                 "hot-reload" => bench.hot_reload().await?,
                 "shards" => bench.shards().await?,
                 "shadow" => bench.shadow().await?,
+                "identities" => bench.identities().await?,
                 other => anyhow::bail!("unknown scenario {other:?}"),
             }
         }

@@ -92,6 +92,99 @@ pub async fn install_crds(client: &Client, capstan: &Path, plugins: &[&Path]) ->
     Ok(())
 }
 
+/// Applies what `capstan rbac --plugins DIR --plugin-identities NAMESPACE` prints for
+/// `plugins`, but the host's own ClusterRole (the benchmark's capstan runs as the
+/// cluster's admin): each plugin's ServiceAccount in `namespace`, its ClusterRole and
+/// binding. Returns the ClusterRoles and bindings made, to delete them with
+/// [`delete_cluster_rbac`].
+pub async fn apply_plugin_identities(
+    client: &Client,
+    capstan: &Path,
+    plugins: &Path,
+    namespace: &str,
+) -> Result<Vec<String>> {
+    let out = std::process::Command::new(capstan)
+        .arg("rbac")
+        .arg("--plugins")
+        .arg(plugins)
+        .args(["--plugin-identities", namespace])
+        .output()
+        .map_err(|e| Error::Setup(format!("run {} rbac: {e}", capstan.display())))?;
+    if !out.status.success() {
+        return Err(Error::Setup(format!(
+            "capstan rbac: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let objects: Vec<Value> = serde_yaml_ng::Deserializer::from_slice(&out.stdout)
+        .map(serde::Deserialize::deserialize)
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::Setup(format!("what capstan rbac printed: {e}")))?;
+    let mut cluster_scoped = Vec::new();
+    for object in objects.iter().skip(1) {
+        let (group, version) = match object["apiVersion"].as_str().unwrap_or_default() {
+            v if v.contains('/') => v.split_once('/').unwrap(),
+            v => ("", v),
+        };
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let plural = match kind {
+            "ServiceAccount" => "serviceaccounts",
+            "Role" => "roles",
+            "RoleBinding" => "rolebindings",
+            "ClusterRole" => "clusterroles",
+            "ClusterRoleBinding" => "clusterrolebindings",
+            other => return Err(Error::Setup(format!("capstan rbac printed a {other}"))),
+        };
+        let ar = ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: object["apiVersion"].as_str().unwrap_or_default().into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+            None => {
+                cluster_scoped.push(format!("{plural}/{name}"));
+                Api::all_with(client.clone(), &ar)
+            }
+        };
+        api.patch(
+            name,
+            &PatchParams::apply("capstan-bench").force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .map_err(|e| Error::api(format!("apply {kind} {name}"), e))?;
+    }
+    Ok(cluster_scoped)
+}
+
+/// Deletes the ClusterRoles and ClusterRoleBindings (`plural/name`) that
+/// [`apply_plugin_identities`] made.
+pub async fn delete_cluster_rbac(client: &Client, made: &[String]) {
+    for entry in made {
+        let Some((plural, name)) = entry.split_once('/') else {
+            continue;
+        };
+        let kind = match plural {
+            "clusterroles" => "ClusterRole",
+            _ => "ClusterRoleBinding",
+        };
+        let ar = ApiResource {
+            group: "rbac.authorization.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "rbac.authorization.k8s.io/v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let _ = Api::<DynamicObject>::all_with(client.clone(), &ar)
+            .delete(name, &DeleteParams::default())
+            .await;
+    }
+}
+
 /// A namespace of one measurement.
 pub struct BenchNamespace {
     /// Its name.

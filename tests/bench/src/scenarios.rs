@@ -110,7 +110,8 @@ impl Bench {
         self.memory().await?;
         self.hot_reload().await?;
         self.shards().await?;
-        self.shadow().await
+        self.shadow().await?;
+        self.identities().await
     }
 
     fn converge_timeout(&self, n: usize) -> Duration {
@@ -152,6 +153,17 @@ impl Bench {
         name: &str,
         poll: Option<u64>,
     ) -> Result<Operator> {
+        self.start_capstan_with(plugins, ns, name, poll, &[])
+    }
+
+    fn start_capstan_with(
+        &self,
+        plugins: &Path,
+        ns: &BenchNamespace,
+        name: &str,
+        poll: Option<u64>,
+        extra: &[String],
+    ) -> Result<Operator> {
         Operator::capstan(&CapstanRun {
             bin: &self.cfg.capstan,
             plugins,
@@ -159,7 +171,7 @@ impl Bench {
             cache_dir: &self.cache,
             poll_interval_ms: poll,
             log: &self.log(name),
-            extra: &[],
+            extra,
             identity: None,
         })
     }
@@ -489,6 +501,17 @@ impl Bench {
     /// N Widgets (two ConfigMaps each) converged by capstan serving `plugins`; the
     /// requests the API server answered for them meanwhile.
     async fn widget_once(&self, n: usize, name: &str, plugins: &[&Path]) -> Result<Converge> {
+        self.widget_once_with(n, name, plugins, &[]).await
+    }
+
+    /// [`Self::widget_once`] with further `capstan run` flags.
+    async fn widget_once_with(
+        &self,
+        n: usize,
+        name: &str,
+        plugins: &[&Path],
+        extra: &[String],
+    ) -> Result<Converge> {
         let ns = BenchNamespace::create(&self.client, name).await?;
         let kind = objects::widget_kind();
         let api = ns.api(&kind);
@@ -498,7 +521,7 @@ impl Bench {
         let requests_before =
             RequestCounts::read_settled(&self.client, WIDGET_RESOURCES, CLEANUP).await;
         let before = self.control_plane.usage();
-        let mut op = self.start_capstan(&dir, &ns, name, None)?;
+        let mut op = self.start_capstan_with(&dir, &ns, name, None, extra)?;
         converged
             .wait_for(n, self.converge_timeout(3 * n), || op.alive())
             .await?;
@@ -584,6 +607,80 @@ impl Bench {
             self.cfg.quick,
             load,
             &[without, with],
+        )
+    }
+
+    /// One identity per plugin: the same N Widgets converged by capstan as the host,
+    /// then with `--plugin-identities` (every request impersonates the plugin's
+    /// account, whose RBAC `capstan rbac --plugin-identities` printed; the plugin's
+    /// caches are its own): what that costs in time, host CPU, memory and requests.
+    pub async fn identities(&self) -> Result<()> {
+        let load = procfs::load_average();
+        let n = self.sizes.shadow;
+        let widget = self.widget_wasm();
+        let accounts = BenchNamespace::create(&self.client, "accounts").await?;
+        let dir = self.plugin_dir("identities-rbac", &[&widget])?;
+        let made =
+            objects::apply_plugin_identities(&self.client, &self.cfg.capstan, &dir, &accounts.name)
+                .await?;
+        let measured = async {
+            let host = self
+                .widget_once(n, &format!("identities-off-{n}"), &[&widget])
+                .await?;
+            let flag = format!("--plugin-identities={}", accounts.name);
+            let own = self
+                .widget_once_with(n, &format!("identities-on-{n}"), &[&widget], &[flag])
+                .await?;
+            Ok::<_, crate::Error>((host, own))
+        }
+        .await;
+        objects::delete_cluster_rbac(&self.client, &made).await;
+        accounts.delete(CLEANUP).await?;
+        let (host, own) = measured?;
+        let mut table = Table::new(
+            "One identity per plugin: N Widgets as the host, then as the plugin's own account (--plugin-identities)",
+            &[
+                "N",
+                "as",
+                "converged",
+                "time own/host",
+                "host CPU",
+                "CPU own/host",
+                "peak RSS",
+                "mean reconcile",
+                "API requests/parent",
+                "by verb",
+            ],
+        );
+        for (label, r) in [("host", &host), ("plugin", &own)] {
+            let ratio = |own: f64, host: f64| match label {
+                "plugin" => format!("{:.2}", own / host),
+                _ => String::new(),
+            };
+            table.row(vec![
+                r.n.to_string(),
+                label.into(),
+                secs(r.converge_seconds),
+                ratio(own.converge_seconds, host.converge_seconds),
+                secs(r.cpu_seconds),
+                ratio(own.cpu_seconds, host.cpu_seconds),
+                mib(r.peak_rss_mib),
+                r.mean_reconcile_ms
+                    .map(|ms| format!("{ms:.1} ms"))
+                    .unwrap_or_default(),
+                r.requests_per_parent()
+                    .map(|per| format!("{per:.2}"))
+                    .unwrap_or_else(|| "not read".into()),
+                r.requests_by_verb_text(),
+            ]);
+        }
+        table.print();
+        report::write_json(
+            &self.cfg.out,
+            "identities",
+            self.cfg.quick,
+            load,
+            &[host, own],
         )
     }
 
