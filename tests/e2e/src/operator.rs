@@ -261,6 +261,11 @@ impl Operator {
         }
     }
 
+    /// The port of its /metrics, /healthz, /readyz and /plugins (on 127.0.0.1).
+    pub fn metrics_port(&self) -> u16 {
+        self.port
+    }
+
     /// The process id, while the process is ours (not yet killed and reaped).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
