@@ -12,6 +12,7 @@
 mod claims;
 mod crd;
 mod limits;
+mod notice;
 #[cfg(test)]
 mod tests;
 
@@ -118,6 +119,8 @@ pub struct PluginRegistry {
     releases: Releases,
     /// The next versions of the serving files (shadows, canary candidates).
     staging: Staging,
+    /// The tasks telling the parents of a refused plugin's kind why, by file.
+    notices: BTreeMap<PathBuf, tokio::task::JoinHandle<()>>,
 }
 
 /// How soon the directory is scanned again while a file is settling or the caches are
@@ -179,6 +182,7 @@ impl PluginRegistry {
                 metrics.clone(),
                 opts.pending_releases.clone(),
             ),
+            notices: BTreeMap::new(),
             staging: Staging::new(
                 opts.canary.clone(),
                 opts.source.clone(),
@@ -279,6 +283,9 @@ impl PluginRegistry {
     /// in [`PendingReleases`], for the next registry of this process to resume).
     async fn shutdown(self) {
         self.releases.abort_all();
+        for notice in self.notices.values() {
+            notice.abort();
+        }
         for (_, state) in self.files {
             if let Some((_, controller)) = state.serving {
                 controller.stop().await;
@@ -493,7 +500,8 @@ impl PluginRegistry {
             if let Some(state) = self.files.get_mut(path) {
                 state.limits_stamp = Some(limits_stamp);
             }
-            return self.failed(path, refused.to_string());
+            self.failed(path, refused.to_string());
+            return self.tell_refused(path, &plugin, &refused.to_string());
         }
         // With --plugin-identities, the plugin's account must hold what its controller
         // asks as it (tried again later: the administrator may grant it meanwhile).
@@ -506,7 +514,8 @@ impl PluginRegistry {
                 )
                 .await
         {
-            return self.failed_for_now(path, format!("{}: {refused}", path.display()));
+            self.failed_for_now(path, format!("{}: {refused}", path.display()));
+            return self.tell_refused(path, &plugin, &refused);
         }
         if let Some(other) = self.claimant(&plugin, path) {
             let claimed = |kept: &Path, refused: &Path| Error::KindClaimed {
@@ -669,6 +678,21 @@ impl PluginRegistry {
         let attempts = state.retry.map_or(0, |(_, n)| n) + 1;
         let wait = super::retry::nth(attempts, Duration::from_secs(1), MAX_RETRY);
         state.retry = Some((Instant::now() + wait, attempts));
+    }
+
+    /// Tells the parents of `plugin`'s kind that it is refused with `message`
+    /// ([`notice`]), unless a version of its file, or another file, serves the kind.
+    fn tell_refused(&mut self, path: &Path, plugin: &Plugin, message: &str) {
+        let serving = self.files.get(path).is_some_and(|s| s.serving.is_some());
+        if serving || self.claimant(plugin, path).is_some() {
+            return;
+        }
+        let scope = self.opts.controller.release_scope();
+        if let Some(task) = notice::tell_refused(&self.client, plugin.info(), message, &scope)
+            && let Some(previous) = self.notices.insert(path.to_path_buf(), task)
+        {
+            previous.abort();
+        }
     }
 
     /// Records a failed load; whatever version was serving keeps serving.

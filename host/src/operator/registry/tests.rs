@@ -15,6 +15,16 @@ use serde_json::json;
 /// watches fail and retry; nothing here needs them).
 fn registry(dir: &Path, metrics: Arc<Metrics>, sandbox: Sandbox) -> PluginRegistry {
     let (client, _) = fake_api::client(|_| fake_api::status(404, "NotFound", "none"));
+    registry_of(client, dir, metrics, sandbox)
+}
+
+/// [`registry`] against the API server of `client`.
+fn registry_of(
+    client: kube::Client,
+    dir: &Path,
+    metrics: Arc<Metrics>,
+    sandbox: Sandbox,
+) -> PluginRegistry {
     PluginRegistry::new(
         client,
         sandbox,
@@ -490,4 +500,112 @@ async fn a_next_version_beyond_the_serving_files_grant_is_not_shadowed() {
         "a next version of a built-in kind shadows a plugin granted nothing"
     );
     registry.shutdown().await;
+}
+
+/// A plugin of a custom kind that reads Secrets, which its grant does not allow.
+struct SecretReader;
+
+impl crate::plugin::Native for SecretReader {
+    fn describe(&self) -> crate::contract::PluginInfo {
+        crate::contract::PluginInfo {
+            related: vec![KindRef::namespaced("", "v1", "Secret", "secrets")],
+            ..Custom.describe()
+        }
+    }
+
+    fn reconcile(
+        &self,
+        observed: &crate::contract::Observed,
+    ) -> std::result::Result<crate::contract::Desired, crate::contract::PluginError> {
+        Custom.reconcile(observed)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_parents_of_a_refused_plugins_kind_are_told_why_and_built_in_objects_never() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = write_old(dir.path(), "app.wasm", b"app");
+    write_old(dir.path(), "lease-guard.wasm", b"lease-guard");
+    let (client, calls) = fake_api::client(|call: &fake_api::Call| {
+        match (call.method.as_str(), call.path.as_str()) {
+            ("GET", "/apis/example.com/v1/namespaces/ns/apps") => (
+                200,
+                json!({"apiVersion": "example.com/v1", "kind": "AppList",
+                       "metadata": {"resourceVersion": "5"},
+                       "items": [{"apiVersion": "example.com/v1", "kind": "App",
+                                  "metadata": {"name": "a", "namespace": "ns", "uid": "uid-a",
+                                               "resourceVersion": "4"}}]}),
+            ),
+            ("PATCH", _) | ("POST", _) => (201, call.body.clone()),
+            _ => fake_api::status(404, "NotFound", "none"),
+        }
+    });
+    let load: Loader = Arc::new(|bytes: &[u8], _: &Path| {
+        Ok(match bytes {
+            b"app" => crate::plugin::Plugin::native(SecretReader),
+            _ => crate::plugin::Plugin::native(LeaseGuard),
+        })
+    });
+    let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let mut registry = registry_of(client, dir.path(), metrics.clone(), sandbox).with_loader(load);
+    registry.scan().await;
+    let (serving, refusal) = state(&metrics, &app);
+    assert!(!serving);
+    let refusal = refusal.expect("refused");
+    let status = "/apis/example.com/v1/namespaces/ns/apps/a/status";
+    let told = wait_until(Duration::from_secs(10), || {
+        calls
+            .all()
+            .into_iter()
+            .find(|c| c.method == "PATCH" && c.path == status)
+    })
+    .await
+    .expect("the parent is told");
+    let ready = told.body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "PluginRefused");
+    assert_eq!(
+        ready["message"],
+        refusal.as_str(),
+        "the line /plugins shows"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || calls.all().into_iter().find(
+            |c| c.method == "POST"
+                && c.path.ends_with("/events")
+                && c.body["reason"] == "PluginRefused"
+        ))
+        .await
+        .is_some(),
+        "and a Warning event: {:?}",
+        calls.summary()
+    );
+    // The refused Lease plugin's kind is built in: nothing is read or written of it.
+    assert!(
+        calls.all().iter().all(|c| !c.path.contains("leases")),
+        "{:?}",
+        calls.summary()
+    );
+    registry.shutdown().await;
+}
+
+/// Polls `check` until it gives a value, for at most `within`.
+async fn wait_until<T>(within: Duration, check: impl Fn() -> Option<T>) -> Option<T> {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(value) = check() {
+            return Some(value);
+        }
+        if Instant::now() > until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
