@@ -73,6 +73,10 @@ fn chart_version_is_the_crate_version_and_its_copies_are_current() {
         ("crds/postgresqlcluster.yaml", "crds/postgresqlcluster.yaml"),
         ("crds/database.yaml", "crds/database.yaml"),
         ("files/clusterrole.yaml", "deploy/base/clusterrole.yaml"),
+        (
+            "files/plugin-identities.yaml",
+            "deploy/base/plugin-identities.yaml",
+        ),
     ];
     for (copy, original) in copies {
         assert_eq!(
@@ -153,6 +157,38 @@ fn another_release_gets_names_leases_and_plugin_limits_of_its_own() {
         let binding = get("ClusterRoleBinding", "", "other-capstan");
         assert_eq!(binding["subjects"][0]["namespace"], "team");
         assert_eq!(binding["roleRef"]["name"], "other-capstan");
+        // Each plugin's identity: its account in the release's namespace, its role and
+        // binding named after the release; the host impersonates the accounts there.
+        for plugin in ["uuid", "postgresql", "database"] {
+            get(
+                "ServiceAccount",
+                "team",
+                &format!("capstan-plugin-{plugin}"),
+            );
+            let role = format!("other-capstan-plugin-{plugin}");
+            get("ClusterRole", "", &role);
+            let binding = get("ClusterRoleBinding", "", &role);
+            assert_eq!(binding["roleRef"]["name"], role.as_str());
+            assert_eq!(binding["subjects"][0]["namespace"], "team");
+            assert_eq!(
+                binding["subjects"][0]["name"],
+                format!("capstan-plugin-{plugin}").as_str()
+            );
+        }
+        let impersonation = get("RoleBinding", "team", "other-capstan-impersonate-plugins");
+        assert_eq!(impersonation["subjects"][0]["name"], "other-capstan");
+        assert_eq!(impersonation["subjects"][0]["namespace"], "team");
+        get("Role", "team", "other-capstan-impersonate-plugins");
+        let identities = pod["containers"][0]["env"]
+            .as_sequence()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == "CAPSTAN_PLUGIN_IDENTITIES")
+            .expect("CAPSTAN_PLUGIN_IDENTITIES in the env");
+        assert_eq!(
+            identities["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.namespace"
+        );
         // It may read and patch the ValidatingWebhookConfiguration its host writes
         // (--webhook-configuration=other-capstan), not the default release's.
         let role = get("ClusterRole", "", "other-capstan");
