@@ -8,7 +8,16 @@
 //! `target/bench/sandbox.json`; `docs/performance.md` has the figures. Nothing here
 //! asserts a speed: machines are noisy.
 //!
-//! `sandbox_bench [PLUGIN_DIR] [--calls N] [--json PATH]`
+//! **The regression guard.** With `--reference PATH` (a guest whose call does almost
+//! nothing: the test plugin `pass`), each plugin's calls alternate with the reference's
+//! in the same process, and the ratio of their p50s is the plugin's cost in units of the
+//! reference: absolute times move with the machine and its load, the ratio much less.
+//! With `--guard FILE`, the ratios are checked against those recorded in FILE for this
+//! build's profile (debug or release): one grown by more than the file's `limit` (1.5×)
+//! fails the run. `--record FILE` writes the ratios measured instead.
+//!
+//! `sandbox_bench [PLUGIN_DIR] [--calls N] [--json PATH] [--reference WASM]
+//! [--guard FILE | --record FILE]`
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -25,6 +34,9 @@ struct Args {
     dir: PathBuf,
     calls: usize,
     json: Option<PathBuf>,
+    reference: Option<PathBuf>,
+    guard: Option<PathBuf>,
+    record: Option<PathBuf>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -32,6 +44,9 @@ fn parse_args() -> anyhow::Result<Args> {
         dir: "target/plugins".into(),
         calls: 2000,
         json: None,
+        reference: None,
+        guard: None,
+        record: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -39,13 +54,21 @@ fn parse_args() -> anyhow::Result<Args> {
         match arg.as_str() {
             "--calls" => args.calls = value()?.parse().context("--calls")?,
             "--json" => args.json = Some(value()?.into()),
+            "--reference" => args.reference = Some(value()?.into()),
+            "--guard" => args.guard = Some(value()?.into()),
+            "--record" => args.record = Some(value()?.into()),
             flag if flag.starts_with('-') => {
-                bail!("usage: sandbox_bench [PLUGIN_DIR] [--calls N] [--json PATH]")
+                bail!(
+                    "usage: sandbox_bench [PLUGIN_DIR] [--calls N] [--json PATH] [--reference WASM] [--guard FILE | --record FILE]"
+                )
             }
             dir => args.dir = dir.into(),
         }
     }
     args.calls = args.calls.max(1);
+    if (args.guard.is_some() || args.record.is_some()) && args.reference.is_none() {
+        bail!("--guard and --record need --reference");
+    }
     Ok(args)
 }
 
@@ -61,6 +84,10 @@ fn main() -> anyhow::Result<()> {
         results.push(measure(&args, &config, case)?);
     }
     print_table(&results, args.calls);
+    let ratios = match &args.reference {
+        Some(reference) => Some(ratios(&args, &config, reference)?),
+        None => None,
+    };
     if let Some(path) = &args.json {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
@@ -70,10 +97,139 @@ fn main() -> anyhow::Result<()> {
             "calls": args.calls,
             "machine": {"cpus": std::thread::available_parallelism().map_or(1, |n| n.get())},
             "results": results,
+            "ratios_to_reference": ratios,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("write {}", path.display()))?;
     }
+    if let Some(ratios) = &ratios {
+        if let Some(file) = &args.record {
+            record(file, ratios)?;
+        }
+        if let Some(file) = &args.guard {
+            guard(file, ratios)?;
+        }
+    }
+    Ok(())
+}
+
+/// The profile of this build: ratios differ between debug and release hosts (the host's
+/// share of a call is larger in debug), so each has its own.
+const PROFILE: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
+
+/// Each plugin's p50 call over the reference guest's p50, their calls alternating in
+/// this process (so that a burst of load slows both alike).
+fn ratios(
+    args: &Args,
+    config: &SandboxConfig,
+    reference: &Path,
+) -> anyhow::Result<serde_json::Map<String, Value>> {
+    let sandbox = Sandbox::new(config.clone())?;
+    let base = sandbox.load_file_blocking(reference)?;
+    let base_input = Observed {
+        parent: json!({"apiVersion": "test.capstan.dev/v1", "kind": "Pass",
+                       "metadata": {"name": "p", "namespace": "default", "uid": "u-1", "generation": 1}}),
+        children: Vec::new(),
+        related: Vec::new(),
+    };
+    let call = |plugin: &capstan::plugin::Plugin, input: &Observed| -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        plugin
+            .reconcile_blocking(input)
+            .context("call")?
+            .map_err(|e| anyhow::anyhow!("reconcile: {e:?}"))?;
+        Ok(start.elapsed())
+    };
+    let mut out = serde_json::Map::new();
+    println!("\n### Each plugin's call over the reference guest's ({PROFILE} build)\n");
+    println!("| plugin | p50 | reference p50 | ratio |\n|---|---|---|---|");
+    for case in cases() {
+        let plugin = sandbox.load_file_blocking(&args.dir.join(format!("{}.wasm", case.name)))?;
+        let input = Observed {
+            parent: case.parent,
+            children: case.children,
+            related: Vec::new(),
+        };
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        for i in 0..WARMUP_CALLS + args.calls {
+            let (a, b) = (call(&plugin, &input)?, call(&base, &base_input)?);
+            if i >= WARMUP_CALLS {
+                mine.push(a);
+                theirs.push(b);
+            }
+        }
+        mine.sort();
+        theirs.sort();
+        let (p50, base_p50) = (mine[mine.len() / 2], theirs[theirs.len() / 2]);
+        let ratio = p50.as_secs_f64() / base_p50.as_secs_f64();
+        println!(
+            "| {} | {:.0} µs | {:.0} µs | {ratio:.2} |",
+            case.name,
+            p50.as_secs_f64() * 1e6,
+            base_p50.as_secs_f64() * 1e6
+        );
+        out.insert(
+            case.name.to_string(),
+            json!((ratio * 100.0).round() / 100.0),
+        );
+    }
+    Ok(out)
+}
+
+/// Writes `ratios` into `file` for this build's profile, keeping the rest of it.
+fn record(file: &Path, ratios: &serde_json::Map<String, Value>) -> anyhow::Result<()> {
+    let mut doc: Value = match std::fs::read_to_string(file) {
+        Ok(text) => serde_json::from_str(&text).with_context(|| file.display().to_string())?,
+        Err(_) => json!({"limit": 1.5}),
+    };
+    doc[PROFILE] = Value::Object(ratios.clone());
+    std::fs::write(file, serde_json::to_string_pretty(&doc)? + "\n")
+        .with_context(|| format!("write {}", file.display()))?;
+    println!("recorded the {PROFILE} ratios in {}", file.display());
+    Ok(())
+}
+
+/// Fails when a plugin's ratio grew past the recorded one times the file's limit.
+fn guard(file: &Path, ratios: &serde_json::Map<String, Value>) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+    let doc: Value = serde_json::from_str(&text).with_context(|| file.display().to_string())?;
+    let limit = doc["limit"]
+        .as_f64()
+        .context("no limit in the guard file")?;
+    let recorded = doc[PROFILE]
+        .as_object()
+        .with_context(|| format!("no {PROFILE} ratios in {}", file.display()))?;
+    let mut grown = Vec::new();
+    for (plugin, was) in recorded {
+        let was = was.as_f64().context("a ratio")?;
+        let Some(now) = ratios.get(plugin).and_then(Value::as_f64) else {
+            bail!("{plugin} has a recorded ratio but was not measured");
+        };
+        if now > was * limit {
+            grown.push(format!(
+                "{plugin}: {now:.2}× the reference, recorded {was:.2}× (limit {limit}×)"
+            ));
+        } else if now * limit < was {
+            println!(
+                "guard: {plugin} is now {now:.2}× the reference, recorded {was:.2}×: record the new ratio (--record {})",
+                file.display()
+            );
+        }
+    }
+    if !grown.is_empty() {
+        bail!(
+            "a plugin's call cost grew against the reference guest: {}",
+            grown.join("; ")
+        );
+    }
+    println!(
+        "guard: every plugin's ratio is within {limit}× of {}",
+        file.display()
+    );
     Ok(())
 }
 

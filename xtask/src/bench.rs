@@ -81,6 +81,9 @@ fn out_dir(quick: bool) -> PathBuf {
     }
 }
 
+/// Each shipped plugin's recorded call cost over the reference guest's, by profile.
+const CALL_RATIOS: &str = "host/examples/call-ratios.json";
+
 /// The binaries a benchmark runs.
 struct Binaries {
     capstan: PathBuf,
@@ -122,12 +125,20 @@ impl Binaries {
         Ok(bins)
     }
 
+    /// The sandbox benchmark, with the guard of each plugin's call cost against the
+    /// reference guest (the test plugin `pass`): the ratios recorded in
+    /// [`CALL_RATIOS`] for this build's profile (debug for `--quick`, release otherwise)
+    /// fail the run when one grows by more than the file's limit.
     fn sandbox(&self, built: &BuiltPlugins, out: &Path, quick: bool) -> Command {
         let mut cmd = Command::new(&self.sandbox_bench);
         cmd.arg(&built.plugins)
-            .args(["--calls", if quick { "50" } else { "2000" }])
+            .args(["--calls", if quick { "200" } else { "2000" }])
             .arg("--json")
-            .arg(out.join("sandbox.json"));
+            .arg(out.join("sandbox.json"))
+            .arg("--reference")
+            .arg(built.test_plugins.join("pass.wasm"))
+            .arg("--guard")
+            .arg(crate::root().join(CALL_RATIOS));
         cmd
     }
 

@@ -87,8 +87,11 @@ impl Desired {
 
     pub(crate) fn into_wit(self) -> wit::Desired {
         wit::Desired {
-            children: self.children.iter().map(Value::to_string).collect(),
-            status: self.status.map(|s| s.to_string()),
+            // Straight into a byte buffer: `Value`'s `Display` escapes through a
+            // `fmt::Formatter`, one indirect write at a time, and a child may hold tens of
+            // KiB of script (#39). The text is the same.
+            children: self.children.iter().map(json_text).collect(),
+            status: self.status.as_ref().map(json_text),
             conditions: self
                 .conditions
                 .into_iter()
@@ -302,5 +305,24 @@ impl Finalized {
             requeue_after_seconds: self.requeue_after.map(seconds),
             delete,
         })
+    }
+}
+
+/// `value` as compact JSON text (what `value.to_string()` gives, written faster).
+fn json_text(value: &Value) -> String {
+    serde_json::to_string(value).expect("a JSON value always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_text_is_the_text_display_gives() {
+        let value = serde_json::json!({
+            "data": {"entrypoint.sh": "#!/bin/sh\n\tset -eu\n\"quoted\" \\ back \u{1} é"},
+            "list": [1, 2.5, null, true],
+        });
+        assert_eq!(json_text(&value), value.to_string());
     }
 }
