@@ -143,6 +143,12 @@ impl RelatedCaches {
         let subscriber = hold.cache().subscribe(changes);
         RelatedWatch { hold, subscriber }
     }
+
+    /// The caches running now (`apiVersion/kind`, with their label selector), sorted.
+    #[cfg(test)]
+    pub(super) fn watched(&self) -> Vec<String> {
+        self.pool.keys()
+    }
 }
 
 /// The cache of one related kind: its objects, who needs which, and where to tell them.

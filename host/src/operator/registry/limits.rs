@@ -9,6 +9,7 @@ use tracing::{error, info, warn};
 
 use super::PluginRegistry;
 use crate::grant::{Grant, Refused};
+use crate::operator::controller::RunningController;
 use crate::operator::metrics::PluginState;
 use crate::operator::source::{FileStamp, file_stamp};
 use crate::plugin::{Plugin, limits};
@@ -59,7 +60,8 @@ impl PluginRegistry {
             return;
         };
         let plugin = plugin.clone();
-        let error = self.apply_limits(path, &plugin, plugin.limits_file()).await;
+        let before = plugin.limits_file();
+        let error = self.apply_limits(path, &plugin, before.clone()).await;
         if let Err(refused) = granted(path, &plugin) {
             // The grant was narrowed under a serving plugin: it stops, as if refused at
             // load; its resources are left alone.
@@ -69,6 +71,27 @@ impl PluginRegistry {
             }
             self.withdraw_webhook(path).await;
             return self.failed(path, refused.to_string());
+        }
+        // The Secrets a grant allows are what the plugin's related watch asks the API
+        // server for: new labels, new watches (the controller starts again).
+        let secrets =
+            |file: &limits::LimitsFile| file.grant.as_ref().and_then(|g| g.secrets.clone());
+        if secrets(&before) != secrets(&plugin.limits_file()) {
+            let state = self.files.get_mut(path).expect("state exists");
+            if let Some((serving, controller)) = state.serving.take() {
+                controller.stop().await;
+                info!(file = %path.display(), "the grant's Secret labels changed: the plugin's watches start again");
+                let controller = RunningController::start(
+                    self.client.clone(),
+                    serving.clone(),
+                    self.metrics.clone(),
+                    &self.caches,
+                    &self.opts.controller,
+                    self.staging.slot(path),
+                );
+                let state = self.files.get_mut(path).expect("state exists");
+                state.serving = Some((serving, controller));
+            }
         }
         // The deadline may have changed, and the webhook's timeout with it.
         if let Some(webhooks) = &self.opts.webhooks

@@ -609,3 +609,27 @@ async fn wait_until<T>(within: Duration, check: impl Fn() -> Option<T>) -> Optio
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_secret_labels_in_the_grant_start_the_plugins_watches_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = write_old(dir.path(), "app.wasm", b"app");
+    write_limits(&app, "[grant.secrets]\nlabels = { team = \"a\" }\n", 50);
+    let load: Loader =
+        Arc::new(|_: &[u8], _: &Path| Ok(crate::plugin::Plugin::native(SecretReader)));
+    let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let mut registry = registry(dir.path(), metrics.clone(), sandbox).with_loader(load);
+    registry.scan().await;
+    assert_eq!(state(&metrics, &app), (true, None));
+    assert_eq!(registry.caches.related.watched(), ["v1/Secret {team=a}"]);
+    write_limits(&app, "[grant.secrets]\nlabels = { team = \"b\" }\n", 40);
+    registry.scan().await;
+    assert_eq!(state(&metrics, &app), (true, None));
+    assert_eq!(
+        registry.caches.related.watched(),
+        ["v1/Secret {team=b}"],
+        "the API server is asked for the newly granted Secrets only"
+    );
+    registry.shutdown().await;
+}
