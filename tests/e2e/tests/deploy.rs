@@ -320,12 +320,33 @@ async fn the_host_runs_in_cluster_from_its_image_and_survives_a_rollout_restart(
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
-    let writes: Vec<String> = control_plane
+    let audited: Vec<_> = control_plane
         .audit_events(&ns)
         .unwrap()
         .into_iter()
         .filter(|e| e.object_ref.resource == "uuid" && e.object_ref.namespace == ns)
         .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch"))
+        .filter(|e| identity_of(&e.user_agent).is_some())
+        .collect();
+    // deploy/ runs with plugin identities: every write for the Uuid plugin is made as its
+    // own account, impersonated by the host's.
+    let account = format!("system:serviceaccount:{NS}:capstan-plugin-uuid");
+    for event in &audited {
+        assert_eq!(
+            event
+                .impersonated_user
+                .as_ref()
+                .map(|u| u.username.as_str()),
+            Some(account.as_str()),
+            "a write for the Uuid plugin made as {} without its account: {} {}/{}",
+            event.user.username,
+            event.verb,
+            event.object_ref.resource,
+            event.object_ref.name
+        );
+    }
+    let writes: Vec<String> = audited
+        .iter()
         .filter(|e| e.received().is_some_and(|t| t >= restart_from))
         .filter_map(|e| identity_of(&e.user_agent).map(str::to_owned))
         .collect();
