@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::contract::PluginInfo;
+use crate::contract::{KindRef, PluginInfo};
 
 /// Verbs on parents: the controller lists and watches them, and merge-patches
 /// `metadata.finalizers` (add, remove, release). Parents are never read one by one,
@@ -175,28 +175,8 @@ pub fn plugin_identity(info: &PluginInfo, namespace: &str, host: &str) -> Vec<Va
         json!({"apiGroups": [parent.group], "resources": [format!("{}/status", parent.plural)], "verbs": STATUS_VERBS}),
         json!({"apiGroups": [parent.group], "resources": [format!("{}/finalizers", parent.plural)], "verbs": FINALIZERS_VERBS}),
     ];
-    let mut children: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for child in &info.children {
-        let plurals = children.entry(child.group.as_str()).or_default();
-        if !plurals.contains(&child.plural.as_str()) {
-            plurals.push(child.plural.as_str());
-        }
-    }
-    for (group, mut plurals) in children {
-        plurals.sort();
-        rules.push(json!({"apiGroups": [group], "resources": plurals, "verbs": CHILD_VERBS}));
-    }
-    let mut related: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for kind in &info.related {
-        let plurals = related.entry(kind.group.as_str()).or_default();
-        if !plurals.contains(&kind.plural.as_str()) {
-            plurals.push(kind.plural.as_str());
-        }
-    }
-    for (group, mut plurals) in related {
-        plurals.sort();
-        rules.push(json!({"apiGroups": [group], "resources": plurals, "verbs": RELATED_VERBS}));
-    }
+    rules.extend(rules_by_group(&info.children, CHILD_VERBS));
+    rules.extend(rules_by_group(&info.related, RELATED_VERBS));
     rules.push(json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}));
     vec![
         json!({"apiVersion": "v1", "kind": "ServiceAccount",
@@ -209,6 +189,24 @@ pub fn plugin_identity(info: &PluginInfo, namespace: &str, host: &str) -> Vec<Va
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}),
     ]
+}
+
+/// One rule a group for `kinds`, with `verbs`: their plurals, sorted and once each.
+fn rules_by_group(kinds: &[KindRef], verbs: &[&str]) -> Vec<Value> {
+    let mut groups: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for kind in kinds {
+        let plurals = groups.entry(kind.group.as_str()).or_default();
+        if !plurals.contains(&kind.plural.as_str()) {
+            plurals.push(kind.plural.as_str());
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(group, mut plurals)| {
+            plurals.sort();
+            json!({"apiGroups": [group], "resources": plurals, "verbs": verbs})
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@ use tracing::{error, info, warn};
 
 use super::PluginRegistry;
 use crate::grant::{Grant, Refused};
-use crate::operator::controller::RunningController;
 use crate::operator::metrics::PluginState;
 use crate::operator::source::{FileStamp, file_stamp};
 use crate::plugin::{Plugin, limits};
@@ -81,14 +80,7 @@ impl PluginRegistry {
             if let Some((serving, controller)) = state.serving.take() {
                 controller.stop().await;
                 info!(file = %path.display(), "the grant's Secret labels changed: the plugin's watches start again");
-                let controller = RunningController::start(
-                    self.client.clone(),
-                    serving.clone(),
-                    self.metrics.clone(),
-                    &self.caches,
-                    &self.opts.controller,
-                    self.staging.slot(path),
-                );
+                let controller = self.start_controller(path, &serving);
                 let state = self.files.get_mut(path).expect("state exists");
                 state.serving = Some((serving, controller));
             }

@@ -597,15 +597,7 @@ impl PluginRegistry {
         } else {
             info!(file = %path.display(), plugin = %plugin.info().name, kind = %plugin.info().parent, "plugin loaded");
         }
-        let shadow = self.staging.slot(path);
-        let controller = RunningController::start(
-            self.client.clone(),
-            plugin.clone(),
-            self.metrics.clone(),
-            &self.caches,
-            &self.opts.controller,
-            shadow,
-        );
+        let controller = self.start_controller(path, &plugin);
         let state = self.files.get_mut(path).expect("state exists");
         state.error = limits_error.clone();
         state.retry = None;
@@ -678,6 +670,18 @@ impl PluginRegistry {
         let attempts = state.retry.map_or(0, |(_, n)| n) + 1;
         let wait = super::retry::nth(attempts, Duration::from_secs(1), MAX_RETRY);
         state.retry = Some((Instant::now() + wait, attempts));
+    }
+
+    /// Starts the controller of `plugin`, the serving version of `path`.
+    fn start_controller(&mut self, path: &Path, plugin: &Plugin) -> RunningController {
+        RunningController::start(
+            self.client.clone(),
+            plugin.clone(),
+            self.metrics.clone(),
+            &self.caches,
+            &self.opts.controller,
+            self.staging.slot(path),
+        )
     }
 
     /// Tells the parents of `plugin`'s kind that it is refused with `message`
