@@ -37,6 +37,16 @@ impl Call {
     pub fn has_query(&self, pair: &str) -> bool {
         self.query.split('&').any(|p| p == pair)
     }
+
+    /// The `Ready` condition a status write (a server-side apply of
+    /// `status.conditions`) carries, if it carries one.
+    pub fn ready_condition(&self) -> Option<Value> {
+        self.body["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned()
+    }
 }
 
 /// The requests the fake server answered, in order.

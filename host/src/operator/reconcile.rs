@@ -793,13 +793,7 @@ mod finalize_tests {
             .iter()
             .find(|c| c.method == Method::PATCH && c.path.ends_with("/guards/g/status"))
             .expect("the failure is written on the parent");
-        let ready = status.body["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Ready")
-            .unwrap()
-            .clone();
+        let ready = status.ready_condition().expect("a Ready condition");
         assert_eq!(ready["status"], "False");
         assert_eq!(ready["reason"], "FinalizeFailed");
         assert!(

@@ -562,13 +562,7 @@ async fn the_parents_of_a_refused_plugins_kind_are_told_why_and_built_in_objects
     })
     .await
     .expect("the parent is told");
-    let ready = told.body["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .unwrap()
-        .clone();
+    let ready = told.ready_condition().expect("a Ready condition");
     assert_eq!(ready["status"], "False");
     assert_eq!(ready["reason"], "PluginRefused");
     assert_eq!(
